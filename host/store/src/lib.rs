@@ -1,1 +1,39 @@
-//! placeholder
+//! The storage of poimen: the [`Store`] trait and its implementations —
+//! [`SqliteStore`] (the embedded default: one file, WAL mode) and
+//! [`MemoryStore`] (ephemeral, for `durable: false` workflows, tests and
+//! benchmarks; the same semantics).
+//!
+//! What is kept: the immutable version DAG, content-addressed blobs, runs
+//! (with idempotency keys and leases), each run's append-only episode,
+//! write-ahead intent records and judgment requests. A run's progress is
+//! written through one atomic [`Commit`], with a per-commit [`Durability`].
+//!
+//! This crate knows the workflow crate's *types* only (versions, ids, effect
+//! classes). It does not know how a workflow runs, what an event means, or
+//! how a judgment is validated: it stores what it is given, checks what a
+//! store can check (hashes, sequence, protocol order, immutability), and
+//! never reads the clock or a random source. The schema is documented in
+//! `docs/store.md`.
+#![forbid(unsafe_code)]
+
+mod error;
+mod ids;
+mod location;
+mod memory;
+mod records;
+mod rules;
+mod sqlite;
+mod store;
+
+pub use error::{IdempotencyConflict, StoreError};
+pub use ids::{BlobHash, HASH_PREFIX, IdParseError, JudgmentId, RunId};
+pub use location::{LOCAL_DIR, LocationSource, STORE_FILE, StoreLocation};
+pub use memory::MemoryStore;
+pub use records::{
+    Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
+    JudgmentWrite, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
+    RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
+};
+pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};
+pub use store::{Store, StoreResult};
+pub use ulid::Ulid;

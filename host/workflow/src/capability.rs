@@ -42,9 +42,7 @@ impl fmt::Display for Capability {
 
 /// Why a text is not a capability.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "`{0}` is not a capability; write `fs-read:/path`, `fs-write:/path`, `scratch` or `http`"
-)]
+#[error("`{0}` is not a capability; write `fs-read:/path`, `fs-write:/path`, `scratch` or `http`")]
 pub struct CapabilityParseError(pub String);
 
 impl FromStr for Capability {
@@ -116,11 +114,16 @@ pub enum Ineligibility {
 impl fmt::Display for Ineligibility {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Ineligibility::Capability { capability: c @ Capability::Http } => {
+            Ineligibility::Capability {
+                capability: c @ Capability::Http,
+            } => {
                 write!(f, "capability `{c}` reaches the network")
             }
             Ineligibility::Capability { capability } => {
-                write!(f, "capability `{capability}` writes outside the scratch directory")
+                write!(
+                    f,
+                    "capability `{capability}` writes outside the scratch directory"
+                )
             }
             Ineligibility::Effect { effect } => {
                 write!(f, "effect class `{effect}` cannot be repeated safely")
@@ -140,7 +143,9 @@ pub fn shadow_eligibility(
     let mut why: Vec<Ineligibility> = capabilities
         .iter()
         .filter(|c| matches!(c, Capability::Http | Capability::FilesystemWrite { .. }))
-        .map(|c| Ineligibility::Capability { capability: c.clone() })
+        .map(|c| Ineligibility::Capability {
+            capability: c.clone(),
+        })
         .collect();
     if effect == EffectClass::NonIdempotent {
         why.push(Ineligibility::Effect { effect });
@@ -160,8 +165,17 @@ mod tests {
             let c: Capability = s.parse().expect("parses");
             assert_eq!(c.to_string(), s);
         }
-        for bad in ["fs-read:data", "fs-read:/a/../b", "net", "fs-write:", "fs-read:/"] {
-            assert_eq!(bad.parse::<Capability>(), Err(CapabilityParseError(bad.to_owned())));
+        for bad in [
+            "fs-read:data",
+            "fs-read:/a/../b",
+            "net",
+            "fs-write:",
+            "fs-read:/",
+        ] {
+            assert_eq!(
+                bad.parse::<Capability>(),
+                Err(CapabilityParseError(bad.to_owned()))
+            );
         }
     }
 
@@ -180,7 +194,11 @@ mod tests {
         )
         .expect_err("ineligible");
         assert_eq!(why.len(), 3);
-        assert!(why.contains(&Ineligibility::Effect { effect: EffectClass::NonIdempotent }));
-        assert!(why.contains(&Ineligibility::Capability { capability: Capability::Http }));
+        assert!(why.contains(&Ineligibility::Effect {
+            effect: EffectClass::NonIdempotent
+        }));
+        assert!(why.contains(&Ineligibility::Capability {
+            capability: Capability::Http
+        }));
     }
 }

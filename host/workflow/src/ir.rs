@@ -1,8 +1,10 @@
 //! The workflow IR: the one validated shape every front end parses into.
 //!
-//! This module owns the *types* of a workflow definition and nothing else. It
-//! deliberately knows nothing about source text (no spans, no YAML/JSON quirks —
-//! those stay in `frontend`), nothing about IO, and nothing about execution.
+//! This module owns the *types* of a workflow definition and the read-only
+//! helpers over them (`step`, `start_steps`, `dependents`, `topo_order`,
+//! `is_long_lived`). It deliberately knows nothing about source text (no
+//! spans, no YAML/JSON quirks — those stay in `frontend`), nothing about IO,
+//! and nothing about execution. Convenience constructors live in `build`.
 //!
 //! # Execution model the types encode
 //!
@@ -20,18 +22,33 @@
 //! * [`StepKind::Parallel`] branches and [`StepKind::Conditional`] targets are
 //!   *owned* steps: their owner runs them (concurrently for `Parallel`, the one
 //!   chosen for `Conditional`); they take part in no transition themselves.
-//!   The owner's output is the owned steps' result.
+//!   The owner's output is the owned steps' result. Steps owned by no step are
+//!   *top-level*.
 //! * Templates (prompts, arguments) and predicates read recorded run state
-//!   only: `inputs`, declared `state`, and `steps.<id>.output` of steps that
-//!   ran before them on every path.
+//!   only: `inputs`, declared `state`, and `steps.<id>.output` of top-level
+//!   steps that ran before them on every path (the forward ancestors of the
+//!   top-level step that contains the reader).
+//!
+//! # Ordered and unordered collections
+//!
+//! Sets (order is not meaning, the canonical form sorts them): `steps`,
+//! `transitions`, a step's `tools` and `verify`, `retry.on`,
+//! `rubric.criteria`, `state`, and the keys of every JSON object.
+//! Sequences (order is meaning, kept as written): `Parallel.branches` (the
+//! order writes are applied at the join), judgment `sources` and
+//! `constraints` (the order they are shown to the judge), and JSON arrays.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::num::NonZeroU32;
 
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use crate::registry::WorkflowResolver;
 use crate::version::WorkflowVersion;
 
 /// Format version of the workflow document (`schema: 1`).
@@ -40,8 +57,17 @@ pub const CURRENT_SCHEMA: SchemaVersion = SchemaVersion(1);
 /// Timeout of one attempt of a step when the step does not declare one.
 pub const DEFAULT_STEP_TIMEOUT: Millis = Millis(60_000);
 
+/// Builds a [`Schema`] from a JSON object literal without a panic path.
+pub(crate) fn schema_object(v: Value) -> Schema {
+    match v {
+        Value::Object(m) => Schema::from(m),
+        Value::Bool(b) => Schema::from(b),
+        _ => Schema::default(),
+    }
+}
+
 macro_rules! string_id {
-    ($(#[$meta:meta])* $name:ident) => {
+    ($(#[$meta:meta])* $name:ident, $pattern:expr, $desc:expr) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
@@ -72,9 +98,40 @@ macro_rules! string_id {
             }
         }
 
+        impl From<&$name> for $name {
+            fn from(s: &$name) -> Self {
+                s.clone()
+            }
+        }
+
         impl std::borrow::Borrow<str> for $name {
             fn borrow(&self) -> &str {
                 &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl JsonSchema for $name {
+            fn schema_name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($name))
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                schema_object(serde_json::json!({
+                    "type": "string",
+                    "pattern": $pattern,
+                    "description": $desc,
+                }))
             }
         }
     };
@@ -82,16 +139,25 @@ macro_rules! string_id {
 
 string_id!(
     /// Name of a workflow, stable across its versions (`billing.refund`).
-    /// The validator enforces the documented pattern.
-    WorkflowId
+    /// The validator enforces [`crate::validate::WORKFLOW_ID_PATTERN`].
+    WorkflowId,
+    "^[a-z][a-z0-9_-]*(\\.[a-z][a-z0-9_-]*)*$",
+    "Workflow name: dot-separated segments of lower-case letters, digits, `_` and `-`, each starting with a letter; at most 128 characters."
 );
 string_id!(
-    /// Author-assigned step id, stable across versions (`classify`).
-    StepId
+    /// Author-assigned step id, stable across versions (`classify`). The
+    /// validator enforces [`crate::validate::STEP_ID_PATTERN`], which makes
+    /// every id usable as a template attribute (`steps.classify.output`).
+    StepId,
+    "^[a-z][a-z0-9_]{0,63}$",
+    "Step id: a lower-case letter, then up to 63 lower-case letters, digits or `_`."
 );
 string_id!(
-    /// A declared run-state variable.
-    StateKey
+    /// A declared run-state variable (same pattern as a step id: it is read
+    /// as `state.<key>` in templates).
+    StateKey,
+    "^[a-z][a-z0-9_]{0,63}$",
+    "State key: a lower-case letter, then up to 63 lower-case letters, digits or `_`."
 );
 
 /// Version of the workflow document format itself.
@@ -102,6 +168,19 @@ pub struct SchemaVersion(pub u32);
 impl Default for SchemaVersion {
     fn default() -> Self {
         CURRENT_SCHEMA
+    }
+}
+
+impl JsonSchema for SchemaVersion {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("SchemaVersion")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema_object(serde_json::json!({
+            "type": "integer",
+            "const": CURRENT_SCHEMA.0,
+            "description": "Format version of the document; 1.",
+        }))
     }
 }
 
@@ -117,14 +196,19 @@ impl Millis {
         std::time::Duration::from_millis(self.0)
     }
 
+    /// `n` seconds.
+    pub const fn secs(n: u64) -> Millis {
+        Millis(n.saturating_mul(1_000))
+    }
+
     /// Parses `"250ms"`, `"30s"`, `"5m"`, `"2h"` or a bare integer (milliseconds).
     pub fn parse(s: &str) -> Result<Millis, String> {
         let s = s.trim();
         let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration; write e.g. `500ms`, `30s`, `5m` or `2h`"))?;
+        let n: u64 = num.parse().map_err(|_| {
+            format!("`{s}` is not a duration; write e.g. `500ms`, `30s`, `5m` or `2h`")
+        })?;
         let factor = match unit.trim() {
             "" | "ms" => 1,
             "s" => 1_000,
@@ -142,6 +226,12 @@ impl Millis {
     }
 }
 
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
+
 impl Serialize for Millis {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(self.0)
@@ -150,16 +240,40 @@ impl Serialize for Millis {
 
 impl<'de> Deserialize<'de> for Millis {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Int(u64),
-            Str(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Millis;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration: whole milliseconds, or a string such as `500ms`, `30s`, `5m`, `2h`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Millis, E> {
+                Ok(Millis(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Millis, E> {
+                u64::try_from(n)
+                    .map(Millis)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Millis, E> {
+                Millis::parse(s).map_err(E::custom)
+            }
         }
-        match Repr::deserialize(d)? {
-            Repr::Int(n) => Ok(Millis(n)),
-            Repr::Str(s) => Millis::parse(&s).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for Millis {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("Duration")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema_object(serde_json::json!({
+            "description": "A duration: whole milliseconds, or a string with a unit (`500ms`, `30s`, `5m`, `2h`).",
+            "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": "^\\s*[0-9]+\\s*(ms|s|m|h)?\\s*$" }
+            ]
+        }))
     }
 }
 
@@ -168,65 +282,70 @@ fn is_default<T: Default + PartialEq>(t: &T) -> bool {
 }
 
 /// A whole workflow definition: the IR.
+///
+/// Deserializing goes through the front end's strict document shape (unknown
+/// fields rejected, exactly one kind per step); prefer [`crate::parse`], which
+/// also reports file, line and column.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "crate::frontend::doc::WorkflowDoc")]
 pub struct WorkflowDef {
     /// Stable name of the workflow.
     pub id: WorkflowId,
     /// Document format version.
-    #[serde(default)]
     pub schema: SchemaVersion,
     /// What the workflow is for. Meaning: see the decision at the canonicalizer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// JSON Schema the run input must satisfy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Value>,
     /// JSON Schema the run output must satisfy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub outputs: Option<Value>,
     /// How the run's output is built from its final state; by default the
     /// output of the last top-level step that ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<ArgTemplate>,
     /// Scheduling weight under contention.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub priority: Priority,
     /// How many runs may be active at once, and what happens past that.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub concurrency: Concurrency,
     /// Template of the logical thing a run is about (`"{{ inputs.account }}"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// It may read `inputs` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<Template>,
     /// Durability class: `false` keeps runs in memory only.
-    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    #[serde(skip_serializing_if = "is_true")]
     pub durable: bool,
     /// Declared run variables and how concurrent writes to them combine.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub state: BTreeMap<StateKey, StateDecl>,
     /// Structural limits of one run.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub limits: Limits,
     /// Expose this workflow as a tool (MCP and the tool registry).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<WorkflowTool>,
     /// The workflow declares it must be eligible for shadow evaluation; it is
     /// rejected at load when any step could reach outside the sandbox.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub shadow_evaluable: bool,
     /// The steps, a set keyed by id.
     pub steps: Vec<StepDef>,
     /// Dependency edges and bounded back-edges between top-level steps.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub transitions: Vec<Transition>,
     /// How a run's result is judged (shadow evaluation, scoring).
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub rubric: RubricDef,
     /// Cost budget of one run.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub budget: BudgetDef,
 }
 
-fn default_true() -> bool {
+pub(crate) fn default_true() -> bool {
     true
 }
 
@@ -235,7 +354,20 @@ fn is_true(b: &bool) -> bool {
 }
 
 /// Scheduling weight: a tiebreak under scarcity, not a reservation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     Low,
@@ -245,7 +377,7 @@ pub enum Priority {
 }
 
 /// Admission control for runs of one workflow.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Concurrency {
     /// Maximum active runs in the scope; `None` is unbounded.
@@ -259,15 +391,19 @@ pub struct Concurrency {
     pub on_overflow: Overflow,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// What `concurrency.max_runs` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConcurrencyScope {
+    /// All active runs of the workflow.
     #[default]
     Workflow,
+    /// Active runs with the same rendered `key`.
     Key,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// What a run arriving over `concurrency.max_runs` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Overflow {
     /// Wait for a slot.
@@ -280,7 +416,7 @@ pub enum Overflow {
 }
 
 /// A declared run variable.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StateDecl {
     /// JSON Schema of the value.
@@ -295,7 +431,7 @@ pub struct StateDecl {
 /// How a write combines with the current value of a state key. Writes of
 /// parallel branches are applied in branch declaration order at the join, so
 /// every reducer gives the same state whatever order the branches finish in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Reducer {
     /// The write replaces the value.
@@ -310,7 +446,7 @@ pub enum Reducer {
 }
 
 /// Structural limits of one run (distinct from the cost [`BudgetDef`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Maximum step executions (loop iterations count each time).
@@ -325,7 +461,7 @@ pub struct Limits {
 }
 
 /// Expose a workflow as a tool.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowTool {
     /// Tool name; defaults to the workflow id.
@@ -337,7 +473,12 @@ pub struct WorkflowTool {
 }
 
 /// One step.
+///
+/// Deserializing goes through the front end's strict step shape: exactly one
+/// of the kind keys (`model`, `tool`, `parallel`, `conditional`, `workflow`,
+/// `judgment`), no unknown fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "crate::frontend::doc::StepDoc")]
 pub struct StepDef {
     /// Author-assigned, stable across versions.
     pub id: StepId,
@@ -345,19 +486,19 @@ pub struct StepDef {
     #[serde(flatten)]
     pub kind: StepKind,
     /// Tools this step may use beyond its own kind (offered to a model step).
-    #[serde(default, skip_serializing_if = "ToolSelector::is_empty")]
+    #[serde(skip_serializing_if = "ToolSelector::is_empty")]
     pub tools: ToolSelector,
     /// Verifiers run after every attempt; a failing verdict fails the attempt.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub verify: Vec<VerifierRef>,
     /// Serial retry of failed attempts.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(skip_serializing_if = "is_default")]
     pub retry: RetryPolicy,
     /// Timeout of one attempt; [`DEFAULT_STEP_TIMEOUT`] when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Millis>,
     /// State key the step's output is written to, through the key's reducer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub writes: Option<StateKey>,
 }
 
@@ -365,6 +506,18 @@ impl StepDef {
     /// The attempt timeout in effect.
     pub fn effective_timeout(&self) -> Millis {
         self.timeout.unwrap_or(DEFAULT_STEP_TIMEOUT)
+    }
+
+    /// The steps this step owns: a Parallel's branches in order, or a
+    /// Conditional's `then` and `otherwise`. Empty for other kinds.
+    pub fn owned(&self) -> Vec<&StepId> {
+        match &self.kind {
+            StepKind::Parallel(p) => p.branches.iter().collect(),
+            StepKind::Conditional(c) => std::iter::once(&c.then)
+                .chain(c.otherwise.as_ref())
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 }
 
@@ -388,6 +541,16 @@ pub enum StepKind {
 }
 
 impl StepKind {
+    /// The names of the kinds as written in documents, in declaration order.
+    pub const NAMES: [&'static str; 6] = [
+        "model",
+        "tool",
+        "parallel",
+        "conditional",
+        "workflow",
+        "judgment",
+    ];
+
     /// Lower-case name of the kind as written in documents.
     pub fn name(&self) -> &'static str {
         match self {
@@ -401,7 +564,8 @@ impl StepKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Ask a model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelStep {
     /// The user prompt. Hashes as written: prompt text is semantic.
@@ -420,7 +584,8 @@ pub struct ModelStep {
     pub model: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// How hard a model should think.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasoningEffort {
     Low,
@@ -429,15 +594,19 @@ pub enum ReasoningEffort {
     High,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// What a model step's output must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputFormat {
+    /// Free text.
     #[default]
     Text,
+    /// The output must parse as JSON.
     Json,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Call a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolStep {
     /// Which tool, by name and semver range (written `name:` in documents).
@@ -448,7 +617,8 @@ pub struct ToolStep {
     pub args: ArgTemplate,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Run owned branch steps concurrently and join them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelStep {
     /// Owned steps run concurrently. Order is the order writes are applied
@@ -488,31 +658,64 @@ impl Serialize for JoinPolicy {
 
 impl<'de> Deserialize<'de> for JoinPolicy {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Quorum {
-            quorum: u32,
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = JoinPolicy;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a join policy: `all`, `any` or `{quorum: N}`")
+            }
+            fn visit_str<E: serde::de::Error>(self, w: &str) -> Result<JoinPolicy, E> {
+                match w {
+                    "all" => Ok(JoinPolicy::All),
+                    "any" => Ok(JoinPolicy::Any),
+                    other => Err(E::unknown_variant(other, &["all", "any", "quorum"])),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<JoinPolicy, A::Error> {
+                let mut quorum: Option<u32> = None;
+                while let Some(k) = m.next_key::<String>()? {
+                    if k != "quorum" {
+                        return Err(serde::de::Error::unknown_field(&k, &["quorum"]));
+                    }
+                    if quorum.is_some() {
+                        return Err(serde::de::Error::duplicate_field("quorum"));
+                    }
+                    quorum = Some(m.next_value()?);
+                }
+                quorum
+                    .map(JoinPolicy::Quorum)
+                    .ok_or_else(|| serde::de::Error::missing_field("quorum"))
+            }
         }
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Word(String),
-            Quorum(Quorum),
-        }
-        match Repr::deserialize(d)
-            .map_err(|_| serde::de::Error::custom("join must be `all`, `any` or `{quorum: N}`"))?
-        {
-            Repr::Word(w) if w == "all" => Ok(JoinPolicy::All),
-            Repr::Word(w) if w == "any" => Ok(JoinPolicy::Any),
-            Repr::Word(w) => Err(serde::de::Error::custom(format!(
-                "unknown join policy `{w}`; use `all`, `any` or `{{quorum: N}}`"
-            ))),
-            Repr::Quorum(q) => Ok(JoinPolicy::Quorum(q.quorum)),
-        }
+        d.deserialize_any(V)
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+impl JsonSchema for JoinPolicy {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("JoinPolicy")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema_object(serde_json::json!({
+            "description": "When a fan-out is done: `all` branches succeed, `any` one succeeds, or a `quorum` of N succeed (the others are cancelled).",
+            "oneOf": [
+                { "type": "string", "enum": ["all", "any"] },
+                {
+                    "type": "object",
+                    "properties": { "quorum": { "type": "integer", "minimum": 1 } },
+                    "required": ["quorum"],
+                    "additionalProperties": false
+                }
+            ]
+        }))
+    }
+}
+
+/// Run one of two owned steps, chosen by a predicate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConditionalStep {
     /// CEL predicate over `inputs`, `state` and `steps`.
@@ -524,7 +727,8 @@ pub struct ConditionalStep {
     pub otherwise: Option<StepId>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Run another workflow as a child run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubWorkflowStep {
     /// The child workflow.
@@ -548,12 +752,18 @@ pub enum VersionSelector {
     Pinned(WorkflowVersion),
 }
 
+impl fmt::Display for VersionSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VersionSelector::Latest => f.write_str("latest"),
+            VersionSelector::Pinned(v) => write!(f, "{v}"),
+        }
+    }
+}
+
 impl Serialize for VersionSelector {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            VersionSelector::Latest => s.serialize_str("latest"),
-            VersionSelector::Pinned(v) => s.serialize_str(&v.to_string()),
-        }
+        s.collect_str(self)
     }
 }
 
@@ -569,12 +779,27 @@ impl<'de> Deserialize<'de> for VersionSelector {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+impl JsonSchema for VersionSelector {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("VersionSelector")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema_object(serde_json::json!({
+            "description": "`latest`, or an exact version `b3:` + 64 hex digits.",
+            "type": "string",
+            "pattern": "^(latest|b3:[0-9a-f]{64})$"
+        }))
+    }
+}
+
+/// Pause the run until an external judge answers (seed 003).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JudgmentStep {
     /// What the judge is asked.
     pub question: PromptTemplate,
-    /// Material the judge must consider; each rendered and hashed into the request.
+    /// Material the judge must consider, in order; each rendered and hashed
+    /// into the request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<Template>,
     /// JSON Schema the judge's result must satisfy.
@@ -591,7 +816,7 @@ pub struct JudgmentStep {
 }
 
 /// An edge between top-level steps.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Transition {
     pub from: StepId,
@@ -603,6 +828,13 @@ pub struct Transition {
     /// On a back-edge: loop again only while this predicate holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<Predicate>,
+}
+
+impl Transition {
+    /// Whether this is a bounded back-edge (a loop) rather than a dependency.
+    pub fn is_back_edge(&self) -> bool {
+        self.max_iterations.is_some()
+    }
 }
 
 /// A tool or verifier reference: a name and a semver range, written
@@ -620,6 +852,11 @@ impl ToolRef {
             name: name.into(),
             version: semver::VersionReq::STAR,
         }
+    }
+
+    /// Parses `name` or `name@range`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        s.parse()
     }
 }
 
@@ -664,6 +901,19 @@ impl<'de> Deserialize<'de> for ToolRef {
     }
 }
 
+impl JsonSchema for ToolRef {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("ToolRef")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schema_object(serde_json::json!({
+            "description": "A tool or verifier: `name` (any version) or `name@range` with a semver range (`text@^0.1`).",
+            "type": "string",
+            "minLength": 1
+        }))
+    }
+}
+
 impl PartialOrd for ToolRef {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
@@ -672,12 +922,14 @@ impl PartialOrd for ToolRef {
 
 impl Ord for ToolRef {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.to_string().cmp(&other.to_string())
+        self.name
+            .cmp(&other.name)
+            .then_with(|| self.version.to_string().cmp(&other.version.to_string()))
     }
 }
 
 /// Tools a step may use beyond its own kind: a set.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct ToolSelector(pub Vec<ToolRef>);
 
@@ -688,7 +940,7 @@ impl ToolSelector {
 }
 
 /// A verifier reference with its configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VerifierRef {
     pub verifier: ToolRef,
@@ -698,7 +950,7 @@ pub struct VerifierRef {
 }
 
 /// Serial retry of a step's attempts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Attempts in all, including the first (1 = no retry).
@@ -758,10 +1010,17 @@ impl RetryPolicy {
             None => Millis(d),
         }
     }
+
+    /// Whether a failure of this class is retried.
+    pub fn retries(&self, class: RetryOn) -> bool {
+        self.on.contains(&class)
+    }
 }
 
 /// A class of attempt failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum RetryOn {
     /// The tool or model reported failure.
@@ -775,6 +1034,7 @@ pub enum RetryOn {
 }
 
 impl RetryOn {
+    /// Every class, in declaration order.
     pub fn all() -> Vec<RetryOn> {
         vec![
             RetryOn::Failed,
@@ -783,16 +1043,26 @@ impl RetryOn {
             RetryOn::Verifier,
         ]
     }
-    fn is_all(v: &Vec<RetryOn>) -> bool {
-        let mut s = v.clone();
-        s.sort();
-        s.dedup();
-        s == RetryOn::all()
+
+    /// Whether `v`, as a set, is every class.
+    pub fn is_all(v: &[RetryOn]) -> bool {
+        let all = RetryOn::all();
+        all.iter().all(|c| v.contains(c)) && v.iter().all(|c| all.contains(c))
+    }
+
+    /// The word used in documents.
+    pub fn name(self) -> &'static str {
+        match self {
+            RetryOn::Failed => "failed",
+            RetryOn::Unavailable => "unavailable",
+            RetryOn::Timeout => "timeout",
+            RetryOn::Verifier => "verifier",
+        }
     }
 }
 
 /// How a run's result is judged: weighted verifier criteria.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RubricDef {
     /// The criteria, a set keyed by name.
@@ -804,20 +1074,21 @@ pub struct RubricDef {
     pub threshold: Option<f64>,
 }
 
-/// One rubric criterion.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One rubric criterion: a verifier run on the run's result, with its
+/// configuration and relative weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Criterion {
     pub name: String,
     pub verifier: ToolRef,
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub config: Value,
-    /// Relative weight (> 0).
+    /// Relative weight (finite, > 0).
     #[serde(default = "unit_weight", skip_serializing_if = "is_unit_weight")]
     pub weight: f64,
 }
 
-fn unit_weight() -> f64 {
+pub(crate) fn unit_weight() -> f64 {
     1.0
 }
 fn is_unit_weight(w: &f64) -> bool {
@@ -825,7 +1096,7 @@ fn is_unit_weight(w: &f64) -> bool {
 }
 
 /// The cost budget of one run; exceeding any part fails the run.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetDef {
     /// Model tokens (in + out) over the whole run.
@@ -840,18 +1111,22 @@ pub struct BudgetDef {
 }
 
 /// A minijinja template producing text. Hashes exactly as written.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(transparent)]
 pub struct PromptTemplate(pub String);
 
 /// A minijinja template producing text (keys, sources).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(transparent)]
 pub struct Template(pub String);
 
 /// JSON whose string leaves are minijinja templates. A string that is exactly
 /// one `{{ expression }}` yields the expression's JSON value, not its text.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct ArgTemplate(pub Value);
 
@@ -862,13 +1137,303 @@ impl ArgTemplate {
 }
 
 /// A CEL expression over recorded state (`inputs`, `state`, `steps`).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(transparent)]
 pub struct Predicate(pub String);
 
+impl From<&str> for PromptTemplate {
+    fn from(s: &str) -> Self {
+        PromptTemplate(s.to_owned())
+    }
+}
+impl From<String> for PromptTemplate {
+    fn from(s: String) -> Self {
+        PromptTemplate(s)
+    }
+}
+impl From<&str> for Template {
+    fn from(s: &str) -> Self {
+        Template(s.to_owned())
+    }
+}
+impl From<String> for Template {
+    fn from(s: String) -> Self {
+        Template(s)
+    }
+}
+impl From<&str> for Predicate {
+    fn from(s: &str) -> Self {
+        Predicate(s.to_owned())
+    }
+}
+impl From<String> for Predicate {
+    fn from(s: String) -> Self {
+        Predicate(s)
+    }
+}
+impl From<Value> for ArgTemplate {
+    fn from(v: Value) -> Self {
+        ArgTemplate(v)
+    }
+}
+
+/// Read-only helpers over the shape (seed 002). All are deterministic and
+/// total on any IR, valid or not; on an invalid IR they answer for the part
+/// that makes sense (documented per method).
 impl WorkflowDef {
-    /// The step with this id.
+    /// The step with this id (the first one, if ids repeat).
     pub fn step(&self, id: &str) -> Option<&StepDef> {
         self.steps.iter().find(|s| s.id.as_str() == id)
+    }
+
+    /// Owned step id → its owner's id (the first owner, if several claim it).
+    pub fn owners(&self) -> BTreeMap<&StepId, &StepId> {
+        let mut owners = BTreeMap::new();
+        for s in &self.steps {
+            for o in s.owned() {
+                owners.entry(o).or_insert(&s.id);
+            }
+        }
+        owners
+    }
+
+    /// The step that owns `id` (a Parallel listing it as a branch or a
+    /// Conditional naming it as a target), if any.
+    pub fn owner_of(&self, id: &str) -> Option<&StepDef> {
+        self.steps
+            .iter()
+            .find(|s| s.owned().iter().any(|o| o.as_str() == id))
+    }
+
+    /// Steps owned by no step, in document order.
+    pub fn top_level_steps(&self) -> Vec<&StepDef> {
+        let owned: HashSet<&str> = self
+            .steps
+            .iter()
+            .flat_map(|s| s.owned())
+            .map(StepId::as_str)
+            .collect();
+        self.steps
+            .iter()
+            .filter(|s| !owned.contains(s.id.as_str()))
+            .collect()
+    }
+
+    /// Dependency edges (transitions without `max_iterations`).
+    pub fn forward_transitions(&self) -> impl Iterator<Item = &Transition> {
+        self.transitions.iter().filter(|t| !t.is_back_edge())
+    }
+
+    /// Bounded loops (transitions with `max_iterations`).
+    pub fn back_edges(&self) -> impl Iterator<Item = &Transition> {
+        self.transitions.iter().filter(|t| t.is_back_edge())
+    }
+
+    /// Top-level steps with no forward predecessor — where a run begins — by id.
+    pub fn start_steps(&self) -> Vec<&StepDef> {
+        let has_pred: HashSet<&str> = self.forward_transitions().map(|t| t.to.as_str()).collect();
+        let mut starts: Vec<&StepDef> = self
+            .top_level_steps()
+            .into_iter()
+            .filter(|s| !has_pred.contains(s.id.as_str()))
+            .collect();
+        starts.sort_by(|a, b| a.id.cmp(&b.id));
+        starts
+    }
+
+    /// The steps that depend on `id`: targets of forward transitions from
+    /// it, by id, each once.
+    pub fn dependents(&self, id: &str) -> Vec<&StepDef> {
+        let targets: HashSet<&str> = self
+            .forward_transitions()
+            .filter(|t| t.from.as_str() == id)
+            .map(|t| t.to.as_str())
+            .collect();
+        let mut out: Vec<&StepDef> = self
+            .steps
+            .iter()
+            .filter(|s| targets.contains(s.id.as_str()))
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.dedup_by(|a, b| a.id == b.id);
+        out
+    }
+
+    /// The top-level step ids in the deterministic order the interpreter
+    /// runs them: a topological order of the forward transitions, ties broken
+    /// by step id (Kahn's algorithm with the smallest ready id first). Owned
+    /// steps are not listed (their owner runs them).
+    ///
+    /// On an IR with a forward cycle (which validation rejects) the steps on
+    /// or after the cycle cannot be ordered; they come last, by id.
+    pub fn topo_order(&self) -> Vec<&StepId> {
+        let top = self.top_level_steps();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(top.len());
+        let mut ids: Vec<&StepId> = Vec::with_capacity(top.len());
+        for s in &top {
+            if !index.contains_key(s.id.as_str()) {
+                index.insert(s.id.as_str(), ids.len());
+                ids.push(&s.id);
+            }
+        }
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
+        let mut indeg = vec![0usize; ids.len()];
+        let mut seen_edges: HashSet<(usize, usize)> = HashSet::new();
+        for t in self.forward_transitions() {
+            if let (Some(&a), Some(&b)) = (index.get(t.from.as_str()), index.get(t.to.as_str()))
+                && seen_edges.insert((a, b))
+            {
+                succ[a].push(b);
+                indeg[b] += 1;
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<(&str, usize)>> = ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| indeg[*i] == 0)
+            .map(|(i, id)| Reverse((id.as_str(), i)))
+            .collect();
+        let mut order = Vec::with_capacity(ids.len());
+        let mut done = vec![false; ids.len()];
+        while let Some(Reverse((_, i))) = ready.pop() {
+            order.push(ids[i]);
+            done[i] = true;
+            for &j in &succ[i] {
+                indeg[j] -= 1;
+                if indeg[j] == 0 {
+                    ready.push(Reverse((ids[j].as_str(), j)));
+                }
+            }
+        }
+        if order.len() < ids.len() {
+            let mut rest: Vec<&StepId> = ids
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !done[*i])
+                .map(|(_, id)| *id)
+                .collect();
+            rest.sort();
+            order.extend(rest);
+        }
+        order
+    }
+
+    /// Whether a run of this workflow can wait on an external event: it has a
+    /// [`StepKind::Judgment`] step, which pauses the run until a judge answers.
+    ///
+    /// This looks at this definition only; sub-workflows are known only once
+    /// resolved — see [`WorkflowDef::is_long_lived_with`] and
+    /// [`crate::Validated::is_long_lived`], which include them.
+    pub fn is_long_lived(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s.kind, StepKind::Judgment(_)))
+    }
+
+    /// [`WorkflowDef::is_long_lived`], also looking through every
+    /// sub-workflow `resolver` can see (transitively; each workflow version
+    /// visited once). A sub-workflow the resolver cannot find counts as not
+    /// long-lived: validation rejects such a workflow anyway.
+    pub fn is_long_lived_with(&self, resolver: &dyn WorkflowResolver) -> bool {
+        let mut seen: HashSet<WorkflowVersion> = HashSet::new();
+        let mut stack: Vec<std::sync::Arc<WorkflowDef>> = Vec::new();
+        let mut visit = |def: &WorkflowDef, stack: &mut Vec<std::sync::Arc<WorkflowDef>>| -> bool {
+            if def.is_long_lived() {
+                return true;
+            }
+            for s in &def.steps {
+                if let StepKind::SubWorkflow(sw) = &s.kind
+                    && let Ok((v, child)) = resolver.resolve_workflow(&sw.id, &sw.version)
+                    && seen.insert(v)
+                {
+                    stack.push(child);
+                }
+            }
+            false
+        };
+        if visit(self, &mut stack) {
+            return true;
+        }
+        while let Some(def) = stack.pop() {
+            if visit(&def, &mut stack) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(from: &str, to: &str) -> Transition {
+        Transition {
+            from: from.into(),
+            to: to.into(),
+            max_iterations: None,
+            when: None,
+        }
+    }
+
+    #[test]
+    fn topo_order_breaks_ties_by_id_and_skips_owned_steps() {
+        let wf = WorkflowDef::new("w")
+            .with_step(StepDef::model("zeta", "z"))
+            .with_step(StepDef::model("alpha", "a"))
+            .with_step(StepDef::parallel("fan", ["b1", "b2"]))
+            .with_step(StepDef::model("b1", "x"))
+            .with_step(StepDef::model("b2", "y"))
+            .with_step(StepDef::model("mid", "m"))
+            .with_transition(t("alpha", "mid"))
+            .with_transition(t("zeta", "mid"))
+            .with_transition(t("mid", "fan"));
+        let order: Vec<&str> = wf.topo_order().into_iter().map(StepId::as_str).collect();
+        assert_eq!(order, ["alpha", "zeta", "mid", "fan"]);
+        let starts: Vec<&str> = wf.start_steps().iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(starts, ["alpha", "zeta"]);
+        let deps: Vec<&str> = wf
+            .dependents("alpha")
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(deps, ["mid"]);
+        assert_eq!(wf.owner_of("b2").map(|s| s.id.as_str()), Some("fan"));
+        assert!(!wf.is_long_lived());
+    }
+
+    #[test]
+    fn topo_order_puts_cyclic_steps_last() {
+        let wf = WorkflowDef::new("w")
+            .with_step(StepDef::model("a", "a"))
+            .with_step(StepDef::model("b", "b"))
+            .with_step(StepDef::model("c", "c"))
+            .with_transition(t("b", "c"))
+            .with_transition(t("c", "b"));
+        let order: Vec<&str> = wf.topo_order().into_iter().map(StepId::as_str).collect();
+        assert_eq!(order, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn judgment_makes_a_workflow_long_lived() {
+        let wf = WorkflowDef::new("w").with_step(StepDef::judgment(
+            "ok",
+            "Approve?",
+            serde_json::json!({"type": "boolean"}),
+        ));
+        assert!(wf.is_long_lived());
+    }
+
+    #[test]
+    fn millis_parses_units_and_rejects_nonsense() {
+        assert_eq!(Millis::parse("250ms"), Ok(Millis(250)));
+        assert_eq!(Millis::parse("30s"), Ok(Millis(30_000)));
+        assert_eq!(Millis::parse("2h"), Ok(Millis(7_200_000)));
+        assert_eq!(Millis::parse(" 5 m "), Ok(Millis(300_000)));
+        assert!(Millis::parse("5d").is_err());
+        assert!(Millis::parse("").is_err());
+        assert!(Millis::parse("99999999999999999999h").is_err());
     }
 }

@@ -103,7 +103,11 @@ pub fn nearest_names<'a>(wanted: &str, names: impl IntoIterator<Item = &'a str>)
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     scored.dedup_by(|a, b| a.1 == b.1);
-    scored.into_iter().take(3).map(|(_, n)| n.to_owned()).collect()
+    scored
+        .into_iter()
+        .take(3)
+        .map(|(_, n)| n.to_owned())
+        .collect()
 }
 
 /// A registry held in memory: for offline validation against a saved list of
@@ -117,7 +121,10 @@ pub struct MemoryRegistry {
 
 impl MemoryRegistry {
     pub fn new(label: impl Into<String>) -> Self {
-        MemoryRegistry { label: label.into(), entries: BTreeMap::new() }
+        MemoryRegistry {
+            label: label.into(),
+            entries: BTreeMap::new(),
+        }
     }
 
     /// Adds (or replaces) one name+version.
@@ -184,7 +191,10 @@ impl MemoryWorkflows {
     }
 
     pub fn insert(&mut self, version: WorkflowVersion, def: WorkflowDef) {
-        self.by_id.entry(def.id.clone()).or_default().push((version, Arc::new(def)));
+        self.by_id
+            .entry(def.id.clone())
+            .or_default()
+            .push((version, Arc::new(def)));
     }
 }
 

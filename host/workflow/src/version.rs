@@ -94,12 +94,17 @@ pub struct VersionPrefix(String);
 impl VersionPrefix {
     /// Parses a full version or an abbreviation of one.
     pub fn parse(s: &str) -> Result<Self, VersionParseError> {
-        let hex = s.strip_prefix(VERSION_PREFIX).unwrap_or(s).to_ascii_lowercase();
+        let hex = s
+            .strip_prefix(VERSION_PREFIX)
+            .unwrap_or(s)
+            .to_ascii_lowercase();
         if hex.is_empty() || hex.len() > 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(VersionParseError::Malformed(s.to_owned()));
         }
         if hex.len() < MIN_VERSION_ABBREV {
-            return Err(VersionParseError::TooShort { input: s.to_owned() });
+            return Err(VersionParseError::TooShort {
+                input: s.to_owned(),
+            });
         }
         Ok(VersionPrefix(hex))
     }

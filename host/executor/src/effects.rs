@@ -1,0 +1,232 @@
+//! The executor's only doors to the world: tools, verifiers, models and the
+//! clock, each a trait.
+//!
+//! The interpreter never calls wasmtime, an HTTP client or the system clock
+//! directly. Live runs, crash recovery, tests and shadow evaluation are
+//! different implementations of these traits, not branches in the walk. This
+//! module owns the traits and the plain data that crosses them; it knows
+//! nothing of how any implementation works.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use workflow::{Capability, EffectClass, ReasoningEffort, ToolRef};
+
+/// A tool or verifier as pinned by a run: name, exact version, component digest.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ToolIdentity {
+    pub name: String,
+    pub version: String,
+    /// `b3:`-prefixed Blake3 digest of the component.
+    pub digest: String,
+}
+
+/// Why a tool, verifier or model attempt did not produce a result. The
+/// classes map onto the retry policy's `on` set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// The callee rejected its input: retrying the same input cannot help.
+    InvalidInput,
+    /// The callee ran and reported failure, or trapped, or broke a limit.
+    Failed,
+    /// A dependency was not there (endpoint down, component missing or changed).
+    Unavailable,
+    /// The attempt ran out of time.
+    Timeout,
+    /// A verifier rejected the output.
+    Verifier,
+    /// The run was cancelled, or the branch lost its join.
+    Cancelled,
+}
+
+impl FailureClass {
+    /// The retry-policy class this failure falls under, if any.
+    pub fn retry_class(self) -> Option<workflow::RetryOn> {
+        match self {
+            FailureClass::Failed => Some(workflow::RetryOn::Failed),
+            FailureClass::Unavailable => Some(workflow::RetryOn::Unavailable),
+            FailureClass::Timeout => Some(workflow::RetryOn::Timeout),
+            FailureClass::Verifier => Some(workflow::RetryOn::Verifier),
+            FailureClass::InvalidInput | FailureClass::Cancelled => None,
+        }
+    }
+}
+
+impl std::fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FailureClass::InvalidInput => "invalid input",
+            FailureClass::Failed => "failed",
+            FailureClass::Unavailable => "unavailable",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Verifier => "rejected by a verifier",
+            FailureClass::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// A failure with its class and a message naming the cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub class: FailureClass,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
+        Failure { class, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.class, self.message)
+    }
+}
+
+/// One tool invocation as the interpreter asks for it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    /// The exact tool the run pinned.
+    pub tool: ToolIdentity,
+    pub args: Value,
+    /// Derived from (run, step, iteration): the same on every attempt and
+    /// every re-dispatch after a crash.
+    pub idempotency_key: String,
+    pub timeout: Duration,
+}
+
+/// What came back from a tool invocation.
+#[derive(Debug, Clone)]
+pub struct ToolResult {
+    pub outcome: Result<Value, Failure>,
+    /// The hostcall record (identity, arguments, capabilities, host calls,
+    /// outcome, fuel, time), as data.
+    pub record: Value,
+    /// Capabilities the call ran with.
+    pub capabilities: Vec<Capability>,
+}
+
+/// One verifier invocation.
+#[derive(Debug, Clone)]
+pub struct VerifierCall {
+    pub verifier: ToolIdentity,
+    /// The attempt's input (its rendered arguments or prompt).
+    pub input: Value,
+    /// The attempt's output.
+    pub output: Value,
+    pub config: Value,
+    pub timeout: Duration,
+}
+
+/// A verifier's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub pass: bool,
+    /// In 0..=1.
+    pub score: f64,
+    pub reason: String,
+}
+
+/// What came back from a verifier invocation.
+#[derive(Debug, Clone)]
+pub struct VerifierResult {
+    pub outcome: Result<Verdict, Failure>,
+    pub record: Value,
+}
+
+/// Where tools and verifiers run (the sandbox, in a live host).
+#[async_trait]
+pub trait ToolHost: Send + Sync {
+    /// Resolves a reference to the exact tool a new run will pin.
+    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure>;
+    /// Resolves a verifier reference likewise.
+    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure>;
+    /// Invokes a tool. Dropping the future must interrupt the call promptly.
+    async fn invoke(&self, call: ToolCall) -> ToolResult;
+    /// Invokes a verifier. Dropping the future must interrupt the call promptly.
+    async fn verify(&self, call: VerifierCall) -> VerifierResult;
+}
+
+/// Tokens used by one model call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.tokens_in.saturating_add(self.tokens_out)
+    }
+}
+
+/// One model call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRequest {
+    pub system: Option<String>,
+    pub prompt: String,
+    /// Model override; the provider's default when absent.
+    pub model: Option<String>,
+    pub effort: ReasoningEffort,
+    /// The output must parse as JSON.
+    pub json: bool,
+    pub max_tokens: Option<u64>,
+    #[serde(skip)]
+    pub timeout: Duration,
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelResponse {
+    pub text: String,
+    /// The model that answered, as the provider names it.
+    pub model: String,
+    pub usage: Usage,
+}
+
+/// Who answers model steps.
+#[async_trait]
+pub trait ModelProvider: Send + Sync {
+    /// Provider name recorded in receipts (`openai-compatible`, `scripted`).
+    fn provider(&self) -> &str;
+    /// Model used when a step names none.
+    fn default_model(&self) -> &str;
+    /// One completion. Failures name their cause; an unusable answer is
+    /// `Failed`, an unreachable endpoint `Unavailable`.
+    async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, Failure>;
+}
+
+/// Boxed future returned by [`Clock::sleep`].
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Time, as the executor may see it: timestamps go into events (and are
+/// listed as volatile by the normalizer), never into anything hashed.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+    /// Waits (retry backoff).
+    fn sleep(&self, duration: Duration) -> Sleep;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}

@@ -1,0 +1,434 @@
+//! The episode: the append-only event log of one run, and its only source of
+//! truth.
+//!
+//! Every state change of a run is an [`EpisodeEvent`]; the live run state is
+//! the fold of its events (see `state`), so a run can always be rebuilt —
+//! refolded — from its episode alone. This module owns the event vocabulary
+//! and the normalizer used to compare episodes across runs; it does not know
+//! how events are stored (crate `store`) or produced (the interpreter).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use workflow::{Capability, EffectClass, JoinPolicy, Reducer, StepId, WorkflowId, WorkflowVersion};
+
+use crate::effects::{Failure, ToolIdentity, Usage, Verdict};
+
+/// Status of one step execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    /// Not started (or reset by a loop).
+    #[default]
+    Pending,
+    /// Started and not finished.
+    Running,
+    /// Waiting for something outside the run (a judgment).
+    Waiting,
+    /// Finished with an output.
+    Completed,
+    /// Finished without one, after its retries.
+    Failed,
+    /// Stopped because the run was cancelled.
+    Cancelled,
+    /// A parallel branch stopped because its join was already decided.
+    Lost,
+    /// A conditional target that was not chosen.
+    Skipped,
+}
+
+impl StepStatus {
+    /// Whether the step execution is over.
+    pub fn is_finished(self) -> bool {
+        !matches!(self, StepStatus::Pending | StepStatus::Running | StepStatus::Waiting)
+    }
+}
+
+/// The parent side of a child run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentLink {
+    pub run: String,
+    pub step: StepId,
+    pub iteration: u32,
+}
+
+/// A tool the run pinned at its start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedTool {
+    pub identity: ToolIdentity,
+    pub effect: EffectClass,
+}
+
+/// The outcome of one recorded call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum CallOutcome {
+    Ok { output: Value, output_hash: String },
+    Err { failure: Failure },
+}
+
+impl CallOutcome {
+    pub fn into_result(self) -> Result<Value, Failure> {
+        match self {
+            CallOutcome::Ok { output, .. } => Ok(output),
+            CallOutcome::Err { failure } => Err(failure),
+        }
+    }
+}
+
+/// One verifier's verdict on an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRecord {
+    pub verifier: ToolIdentity,
+    pub config: Value,
+    pub outcome: VerdictOutcome,
+    /// The verifier's hostcall record.
+    pub record: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum VerdictOutcome {
+    Verdict(Verdict),
+    Err { failure: Failure },
+}
+
+impl VerdictRecord {
+    /// Whether the verdict lets the attempt pass.
+    pub fn passed(&self) -> bool {
+        matches!(&self.outcome, VerdictOutcome::Verdict(v) if v.pass)
+    }
+}
+
+/// An operator's decision on a tool call whose outcome was unknown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Reconciliation {
+    /// The effect happened; this is its output.
+    Committed { output: Value },
+    /// The effect did not happen (or is to be treated as failed).
+    Failed { reason: String },
+}
+
+/// Everything that happens in a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EpisodeEvent {
+    /// The run exists: what it runs, on what, with which pinned actions.
+    RunStarted {
+        workflow_id: WorkflowId,
+        version: WorkflowVersion,
+        input: Value,
+        input_hash: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<ParentLink>,
+        /// Tools pinned by reference text (`text@^0.1`).
+        tools: BTreeMap<String, PinnedTool>,
+        /// Verifiers pinned by reference text.
+        verifiers: BTreeMap<String, ToolIdentity>,
+    },
+    /// A step execution began (a loop re-entry is a new iteration).
+    StepStarted {
+        step: StepId,
+        iteration: u32,
+        kind: String,
+        /// The Parallel or Conditional step that runs this owned step.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<StepId>,
+    },
+    /// An attempt of the current execution began.
+    AttemptStarted { step: StepId, iteration: u32, attempt: u32 },
+    /// A model answered.
+    ModelCalled {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        provider: String,
+        model: String,
+        /// Blob hash of the rendered prompt.
+        prompt: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        system: Option<String>,
+        /// The recorded state the prompt read: variable paths, sorted.
+        partition: Vec<String>,
+        /// Blob hash of the model's output text.
+        output: String,
+        /// The output text itself, so the episode alone refolds.
+        text: String,
+        usage: Usage,
+        latency_ms: u64,
+    },
+    /// A model call failed.
+    ModelFailed { step: StepId, iteration: u32, attempt: u32, provider: String, failure: Failure },
+    /// A tool call, as a first-class step of the episode: identity,
+    /// arguments, capabilities and the sandbox's hostcall record.
+    ToolCalled {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        tool: ToolIdentity,
+        effect: EffectClass,
+        args: Value,
+        args_hash: String,
+        idempotency_key: String,
+        capabilities: Vec<Capability>,
+        record: Value,
+        outcome: CallOutcome,
+        /// Written by `reconcile`, not by a call.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reconciled: bool,
+    },
+    /// The verifiers of an attempt, fanned out and joined.
+    Verified { step: StepId, iteration: u32, attempt: u32, verdicts: Vec<VerdictRecord> },
+    /// An attempt ended.
+    AttemptFinished {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failure: Option<Failure>,
+    },
+    /// A step execution ended.
+    StepFinished {
+        step: StepId,
+        iteration: u32,
+        status: StepStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failure: Option<Failure>,
+    },
+    /// A declared state key changed through its reducer.
+    StateWritten { key: String, reducer: Reducer, value: Value, value_hash: String },
+    /// A conditional's predicate was evaluated.
+    ConditionEvaluated {
+        step: StepId,
+        iteration: u32,
+        result: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chosen: Option<StepId>,
+    },
+    /// A parallel step fanned out.
+    BranchesForked { step: StepId, iteration: u32, branches: Vec<StepId>, join: JoinPolicy },
+    /// A parallel step joined: who won, who lost the race, who failed.
+    BranchesJoined {
+        step: StepId,
+        iteration: u32,
+        winners: Vec<StepId>,
+        losers: Vec<StepId>,
+        failed: Vec<StepId>,
+    },
+    /// A bounded back-edge was taken.
+    LoopIterated { from: StepId, to: StepId, taken: u32, body: Vec<StepId> },
+    /// A child run was created for a sub-workflow step.
+    ChildRunLinked { step: StepId, iteration: u32, child_run: String, child_version: WorkflowVersion },
+    /// The child run ended.
+    ChildRunFinished {
+        step: StepId,
+        iteration: u32,
+        child_run: String,
+        status: store::RunStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Value>,
+    },
+    /// The run asks an external judge.
+    JudgmentRequested {
+        step: StepId,
+        iteration: u32,
+        request_id: String,
+        request_hash: String,
+        request: Value,
+    },
+    /// A judge's result passed validation.
+    JudgmentReceived {
+        step: StepId,
+        iteration: u32,
+        request_id: String,
+        result: Value,
+        result_hash: String,
+        provenance: Value,
+    },
+    /// The run waits for something outside it.
+    RunWaiting { reason: String },
+    /// The run cannot go on without an operator.
+    RunBlocked { step: StepId, iteration: u32, attempt: u32, reason: String },
+    /// An operator decided the outcome of a blocked tool call.
+    Reconciled { step: StepId, iteration: u32, attempt: u32, decision: Reconciliation },
+    /// A host picked the run up again.
+    RunResumed { reason: String },
+    /// An operator asked for the run to go again from `from`: these steps
+    /// (and the steps they own) are reset and run as new iterations; the
+    /// history before stays in the episode.
+    RunRetried { from: StepId, reset: Vec<StepId> },
+    RunCompleted { output: Value, output_hash: String },
+    RunFailed {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<StepId>,
+    },
+    RunCancelled { reason: String },
+}
+
+impl EpisodeEvent {
+    /// The event's name, as stored in the `kind` column.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EpisodeEvent::RunStarted { .. } => "run_started",
+            EpisodeEvent::StepStarted { .. } => "step_started",
+            EpisodeEvent::AttemptStarted { .. } => "attempt_started",
+            EpisodeEvent::ModelCalled { .. } => "model_called",
+            EpisodeEvent::ModelFailed { .. } => "model_failed",
+            EpisodeEvent::ToolCalled { .. } => "tool_called",
+            EpisodeEvent::Verified { .. } => "verified",
+            EpisodeEvent::AttemptFinished { .. } => "attempt_finished",
+            EpisodeEvent::StepFinished { .. } => "step_finished",
+            EpisodeEvent::StateWritten { .. } => "state_written",
+            EpisodeEvent::ConditionEvaluated { .. } => "condition_evaluated",
+            EpisodeEvent::BranchesForked { .. } => "branches_forked",
+            EpisodeEvent::BranchesJoined { .. } => "branches_joined",
+            EpisodeEvent::LoopIterated { .. } => "loop_iterated",
+            EpisodeEvent::ChildRunLinked { .. } => "child_run_linked",
+            EpisodeEvent::ChildRunFinished { .. } => "child_run_finished",
+            EpisodeEvent::JudgmentRequested { .. } => "judgment_requested",
+            EpisodeEvent::JudgmentReceived { .. } => "judgment_received",
+            EpisodeEvent::RunWaiting { .. } => "run_waiting",
+            EpisodeEvent::RunBlocked { .. } => "run_blocked",
+            EpisodeEvent::Reconciled { .. } => "reconciled",
+            EpisodeEvent::RunResumed { .. } => "run_resumed",
+            EpisodeEvent::RunRetried { .. } => "run_retried",
+            EpisodeEvent::RunCompleted { .. } => "run_completed",
+            EpisodeEvent::RunFailed { .. } => "run_failed",
+            EpisodeEvent::RunCancelled { .. } => "run_cancelled",
+        }
+    }
+}
+
+/// An event as recorded: its place in the run and when it happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch (volatile).
+    pub at: i64,
+    #[serde(flatten)]
+    pub event: EpisodeEvent,
+}
+
+/// A run's events in order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    pub run: String,
+    pub events: Vec<Recorded>,
+}
+
+/// Why stored events do not form an episode.
+#[derive(Debug, thiserror::Error)]
+pub enum EpisodeError {
+    #[error("event {seq} of run {run} is not a poimen episode event ({cause}); the store holds data this version cannot read")]
+    Undecodable { run: String, seq: u64, cause: String },
+}
+
+impl Episode {
+    /// Decodes stored events.
+    pub fn from_stored(run: &str, stored: &[store::StoredEvent]) -> Result<Episode, EpisodeError> {
+        let events = stored
+            .iter()
+            .map(|s| {
+                serde_json::from_value::<EpisodeEvent>(s.body.clone())
+                    .map(|event| Recorded { seq: s.seq, at: s.at, event })
+                    .map_err(|e| EpisodeError::Undecodable {
+                        run: run.to_owned(),
+                        seq: s.seq,
+                        cause: e.to_string(),
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Episode { run: run.to_owned(), events })
+    }
+}
+
+/// Fields of a serialized episode that legitimately differ between two runs
+/// of the same workflow on the same input: ids minted per run, wall-clock
+/// times and durations. This is the whole list — the normalizer blanks these
+/// and nothing else, so it cannot quietly grow into "anything that differs".
+pub const VOLATILE_FIELDS: &[&str] = &[
+    // when each event happened
+    "at",
+    // ids minted per run
+    "run",
+    "child_run",
+    "request_id",
+    "parent.run",
+    // derived from the run id
+    "idempotency_key",
+    // measured durations
+    "latency_ms",
+];
+
+/// Fields of a hostcall record (inside `record` of tool and verifier calls)
+/// that are measured rather than determined.
+pub const VOLATILE_RECORD_FIELDS: &[&str] = &["wall_time_us", "idempotency_key"];
+
+/// Placeholder written over a volatile field.
+pub const VOLATILE: &str = "<volatile>";
+
+/// The episode as JSON with exactly the [`VOLATILE_FIELDS`] (and
+/// [`VOLATILE_RECORD_FIELDS`] inside hostcall records) replaced by
+/// [`VOLATILE`]. Two runs of one workflow on one input normalize equal.
+pub fn normalize(episode: &Episode) -> Value {
+    let mut events = Vec::with_capacity(episode.events.len());
+    for r in &episode.events {
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        blank(&mut v, VOLATILE_FIELDS);
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(record) = obj.get_mut("record") {
+                blank(record, VOLATILE_RECORD_FIELDS);
+            }
+            if let Some(Value::Array(verdicts)) = obj.get_mut("verdicts") {
+                for verdict in verdicts {
+                    if let Some(record) = verdict.get_mut("record") {
+                        blank(record, VOLATILE_RECORD_FIELDS);
+                    }
+                }
+            }
+        }
+        events.push(v);
+    }
+    Value::Array(events)
+}
+
+/// Blanks each field, given as a dotted path from `v`.
+fn blank(v: &mut Value, fields: &[&str]) {
+    for path in fields {
+        let mut slot = Some(&mut *v);
+        for part in path.split('.') {
+            slot = slot.and_then(|s| s.as_object_mut()).and_then(|o| o.get_mut(part));
+        }
+        if let Some(slot) = slot {
+            *slot = Value::String(VOLATILE.to_owned());
+        }
+    }
+}
+
+/// The episode's structure: per event its kind and step/iteration/attempt —
+/// what "identical episode structure" compares.
+pub fn structure(episode: &Episode) -> Vec<String> {
+    episode
+        .events
+        .iter()
+        .map(|r| {
+            let v = serde_json::to_value(&r.event).unwrap_or(Value::Null);
+            let mut line = r.event.kind().to_owned();
+            for key in ["step", "iteration", "attempt", "status"] {
+                if let Some(x) = v.get(key) {
+                    let x = match x {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    line.push_str(&format!(" {key}={x}"));
+                }
+            }
+            line
+        })
+        .collect()
+}

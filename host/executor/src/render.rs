@@ -1,0 +1,210 @@
+//! Rendering templates and evaluating predicates over recorded run state.
+//!
+//! The only inputs are the run's recorded state — `inputs`, declared
+//! `state`, and `steps.<id>.output` — assembled by [`context`]. No clock, no
+//! environment, no randomness is reachable from here, which is what keeps a
+//! refolded run identical to the live one. Templates are minijinja with
+//! strict undefined names; predicates are CEL.
+
+use std::sync::OnceLock;
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::{Map, Value};
+
+use crate::state::RunState;
+
+/// Why a template or predicate could not be evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("template `{template}` failed: {message}")]
+    Template { template: String, message: String },
+    #[error("predicate `{predicate}` failed: {message}")]
+    Predicate { predicate: String, message: String },
+}
+
+fn env() -> &'static Environment<'static> {
+    static ENV: OnceLock<Environment<'static>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env
+    })
+}
+
+fn shorten(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.len() <= MAX {
+        s.to_owned()
+    } else {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    }
+}
+
+/// The template/predicate context of a run: `{inputs, state, steps}`, where
+/// `steps.<id>` has `output` (completed steps only) and `status`.
+pub fn context(run: &RunState) -> Value {
+    let mut steps = Map::new();
+    for (id, s) in &run.steps {
+        let mut entry = Map::new();
+        if let Some(out) = &s.output {
+            entry.insert("output".into(), out.clone());
+        }
+        entry.insert(
+            "status".into(),
+            serde_json::to_value(s.status).unwrap_or(Value::Null),
+        );
+        steps.insert(id.0.clone(), Value::Object(entry));
+    }
+    let mut ctx = Map::new();
+    ctx.insert("inputs".into(), run.input.clone());
+    ctx.insert(
+        "state".into(),
+        Value::Object(run.state.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+    );
+    ctx.insert("steps".into(), Value::Object(steps));
+    Value::Object(ctx)
+}
+
+/// Renders a text template. Also returns the partition: the state paths the
+/// template read, sorted.
+pub fn render_text(template: &str, ctx: &Value) -> Result<(String, Vec<String>), RenderError> {
+    let err = |e: minijinja::Error| RenderError::Template {
+        template: shorten(template),
+        message: describe(&e),
+    };
+    let tmpl = env().template_from_str(template).map_err(err)?;
+    let mut partition: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
+    partition.sort();
+    let text = tmpl.render(minijinja::Value::from(minijinja::value::Serde(ctx))).map_err(err)?;
+    Ok((text, partition))
+}
+
+fn describe(e: &minijinja::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+/// Renders argument JSON: every string leaf is a template. A string that is
+/// exactly one `{{ expression }}` yields the expression's JSON value.
+pub fn render_args(args: &Value, ctx: &Value) -> Result<Value, RenderError> {
+    match args {
+        Value::String(s) => render_string_leaf(s, ctx),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| render_args(v, ctx))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), render_args(v, ctx)?)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+        other => Ok(other.clone()),
+    }
+}
+
+/// The expression inside a string that is exactly one `{{ … }}`.
+pub fn sole_expression(s: &str) -> Option<&str> {
+    let inner = s.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+    if inner.contains("{{") || inner.contains("}}") || inner.contains("{%") {
+        return None;
+    }
+    Some(inner.trim().trim_start_matches('-').trim_end_matches('-').trim())
+}
+
+fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
+    if !s.contains("{{") && !s.contains("{%") {
+        return Ok(Value::String(s.to_owned()));
+    }
+    if let Some(expr) = sole_expression(s) {
+        let err = |e: minijinja::Error| RenderError::Template {
+            template: shorten(s),
+            message: describe(&e),
+        };
+        let compiled = env().compile_expression(expr).map_err(err)?;
+        let value = compiled.eval(minijinja::Value::from(minijinja::value::Serde(ctx))).map_err(err)?;
+        if value.is_undefined() {
+            return Err(RenderError::Template {
+                template: shorten(s),
+                message: "the expression is undefined".into(),
+            });
+        }
+        return serde_json::to_value(&value).map_err(|e| RenderError::Template {
+            template: shorten(s),
+            message: format!("the value is not JSON: {e}"),
+        });
+    }
+    render_text(s, ctx).map(|(text, _)| Value::String(text))
+}
+
+/// Evaluates a CEL predicate to a boolean.
+pub fn eval_predicate(predicate: &str, ctx: &Value) -> Result<bool, RenderError> {
+    let err = |message: String| RenderError::Predicate { predicate: shorten(predicate), message };
+    let program = cel::Program::compile(predicate).map_err(|e| err(e.to_string()))?;
+    let mut context = cel::Context::default();
+    if let Value::Object(vars) = ctx {
+        for (name, value) in vars {
+            let v = cel::to_value(value).map_err(|e| err(e.to_string()))?;
+            context.add_variable_from_value(name.clone(), v);
+        }
+    }
+    match program.execute(&context).map_err(|e| err(e.to_string()))? {
+        cel::Value::Bool(b) => Ok(b),
+        other => Err(err(format!("it gave {other:?}, not true or false"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ctx() -> Value {
+        json!({"inputs": {"text": "hi", "n": 5}, "state": {"seen": [1]}, "steps": {"a": {"output": {"label": "spam"}, "status": "completed"}}})
+    }
+
+    #[test]
+    fn text_and_partition() {
+        let (text, partition) =
+            render_text("{{ inputs.text }} / {{ steps.a.output.label }}", &ctx()).expect("renders");
+        assert_eq!(text, "hi / spam");
+        assert_eq!(partition, vec!["inputs.text".to_owned(), "steps.a.output.label".to_owned()]);
+    }
+
+    #[test]
+    fn strict_undefined_is_an_error() {
+        let e = render_text("{{ inputs.missing }}", &ctx()).expect_err("undefined");
+        assert!(matches!(e, RenderError::Template { .. }));
+        let e = render_args(&json!({"x": "{{ steps.zzz.output }}"}), &ctx()).expect_err("undefined");
+        assert!(matches!(e, RenderError::Template { .. }));
+    }
+
+    #[test]
+    fn sole_expression_keeps_json_type() {
+        let out = render_args(
+            &json!({"n": "{{ inputs.n }}", "o": "{{ steps.a.output }}", "s": "n={{ inputs.n }}", "k": 1}),
+            &ctx(),
+        )
+        .expect("renders");
+        assert_eq!(out, json!({"n": 5, "o": {"label": "spam"}, "s": "n=5", "k": 1}));
+    }
+
+    #[test]
+    fn predicates() {
+        assert!(eval_predicate("steps.a.output.label == 'spam'", &ctx()).expect("evaluates"));
+        assert!(eval_predicate("inputs.n > 3", &ctx()).expect("evaluates"));
+        assert!(!eval_predicate("size(state.seen) > 1", &ctx()).expect("evaluates"));
+        assert!(matches!(eval_predicate("inputs.n", &ctx()), Err(RenderError::Predicate { .. })));
+        assert!(matches!(eval_predicate("now() > 1", &ctx()), Err(RenderError::Predicate { .. })));
+    }
+}

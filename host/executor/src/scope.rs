@@ -1,0 +1,113 @@
+//! `RunScope`: the serial spine of a run and the cancellation that reaches
+//! every branch and every in-flight guest call.
+//!
+//! A scope is identified by (tenant, run). Cancelling it cancels every child
+//! scope — parallel branches and child runs — and every future awaiting
+//! under it, which drops in-flight tool calls (the sandbox interrupts the
+//! guest when its future is dropped). A branch that loses its join is
+//! cancelled on its own, without touching its siblings.
+
+use std::future::Future;
+
+use tokio_util::sync::CancellationToken;
+
+/// Tenant of a run. Single-tenant hosts use [`TenantId::default`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId(pub String);
+
+impl Default for TenantId {
+    fn default() -> Self {
+        TenantId("default".to_owned())
+    }
+}
+
+/// Why a scope stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The run was cancelled.
+    RunCancelled,
+    /// This branch lost its join (the run goes on).
+    Lost,
+}
+
+/// Cancellation scope of a run or of one branch inside it.
+#[derive(Debug, Clone)]
+pub struct RunScope {
+    pub tenant: TenantId,
+    pub run: String,
+    run_token: CancellationToken,
+    own: CancellationToken,
+}
+
+impl RunScope {
+    /// The root scope of a run.
+    pub fn root(tenant: TenantId, run: impl Into<String>) -> Self {
+        let run_token = CancellationToken::new();
+        RunScope { tenant, run: run.into(), own: run_token.clone(), run_token }
+    }
+
+    /// A scope for one parallel branch: cancelled with the run, or alone
+    /// when the branch loses its join.
+    pub fn branch(&self) -> RunScope {
+        RunScope {
+            tenant: self.tenant.clone(),
+            run: self.run.clone(),
+            run_token: self.run_token.clone(),
+            own: self.own.child_token(),
+        }
+    }
+
+    /// The root scope of a child run: cancelled when the parent is.
+    pub fn child_run(&self, run: impl Into<String>) -> RunScope {
+        let token = self.own.child_token();
+        RunScope { tenant: self.tenant.clone(), run: run.into(), own: token.clone(), run_token: token }
+    }
+
+    /// Cancels the whole run.
+    pub fn cancel_run(&self) {
+        self.run_token.cancel();
+    }
+
+    /// Cancels only this scope (a branch that lost).
+    pub fn cancel(&self) {
+        self.own.cancel();
+    }
+
+    /// Whether this scope stopped, and why.
+    pub fn stopped(&self) -> Option<Stop> {
+        if self.run_token.is_cancelled() {
+            Some(Stop::RunCancelled)
+        } else if self.own.is_cancelled() {
+            Some(Stop::Lost)
+        } else {
+            None
+        }
+    }
+
+    /// Runs `fut` unless the scope stops first; a stop drops `fut`.
+    pub async fn guard<F: Future>(&self, fut: F) -> Result<F::Output, Stop> {
+        tokio::select! {
+            biased;
+            () = self.own.cancelled() => Err(self.stopped().unwrap_or(Stop::Lost)),
+            out = fut => Ok(out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn branch_cancel_is_local_run_cancel_is_global() {
+        let run = RunScope::root(TenantId::default(), "WFR-1");
+        let a = run.branch();
+        let b = run.branch();
+        a.cancel();
+        assert_eq!(a.stopped(), Some(Stop::Lost));
+        assert_eq!(b.stopped(), None);
+        run.cancel_run();
+        assert_eq!(b.stopped(), Some(Stop::RunCancelled));
+        assert_eq!(b.guard(std::future::pending::<()>()).await, Err(Stop::RunCancelled));
+    }
+}

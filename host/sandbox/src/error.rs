@@ -1,0 +1,274 @@
+//! The sandbox's errors, one type per operation: invoking, loading, building.
+//!
+//! A tool's own error, a trap and an exhausted limit are different variants:
+//! a tool `Err` is not a trap is not a timeout. This module knows how to
+//! name and print errors, not how they arise.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use workflow::Unresolved;
+
+use crate::policy::PolicyError;
+
+/// A tool's or verifier's own error, as the guest returned it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", content = "message", rename_all = "snake_case")]
+pub enum ToolError {
+    /// The arguments do not fit the input schema or make no sense.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The tool ran and failed.
+    #[error("failed: {0}")]
+    Failed(String),
+    /// Something the tool depends on is not there right now.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Why an invocation produced no result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvokeError {
+    /// No registered tool or verifier matches the reference.
+    #[error("{}", unresolved(.0))]
+    NotFound(Unresolved),
+    /// The caller pinned a component digest that is not what is registered.
+    #[error(
+        "`{tool}`: expected component {expected}, but the registered matching component is {found}"
+    )]
+    DigestMismatch {
+        tool: String,
+        expected: String,
+        found: String,
+    },
+    /// The guest tried to use a capability it was not granted (a host not
+    /// on its allowlist, a path outside its mount, a write to a read-only
+    /// mount). The guest's own result is discarded.
+    #[error("`{component}` was refused `{capability}`: {attempted} ({why}); consulted {policy}")]
+    CapabilityDenied {
+        component: String,
+        capability: String,
+        attempted: String,
+        why: String,
+        policy: String,
+    },
+    /// The wall-clock limit passed.
+    #[error("timed out after {limit:?}")]
+    Timeout { limit: Duration },
+    /// Linear memory would have grown past the limit.
+    #[error("memory limit of {limit_bytes} bytes exhausted (asked for {requested_bytes})")]
+    MemoryExhausted {
+        limit_bytes: u64,
+        requested_bytes: u64,
+    },
+    /// The fuel budget was burnt.
+    #[error("fuel budget of {limit} exhausted")]
+    FuelExhausted { limit: u64 },
+    /// The result (or error message) is larger than the output limit.
+    #[error("output of {bytes} bytes is over the limit of {limit_bytes}")]
+    OutputTooLarge { bytes: u64, limit_bytes: u64 },
+    /// The WebAssembly call stack overflowed.
+    #[error("stack overflow")]
+    StackOverflow,
+    /// The guest panicked; `message` is the panic message from its stderr.
+    #[error("guest panicked: {message}")]
+    GuestPanicked { message: String, stderr: String },
+    /// Any other trap (including `exit`), with the guest's stderr.
+    #[error("guest trapped: {trap}")]
+    Trap { trap: String, stderr: String },
+    /// The guest returned something that breaks the contract (a result that
+    /// is not JSON, a score outside 0..=1).
+    #[error("invalid output: {0}")]
+    InvalidOutput(String),
+    /// The tool's own error.
+    #[error("{0}")]
+    Tool(ToolError),
+    /// The host could not set the call up (a granted directory vanished,
+    /// instantiation failed). Not the guest's fault.
+    #[error("host failure: {0}")]
+    Host(String),
+}
+
+fn unresolved(u: &Unresolved) -> String {
+    let mut s = format!("no {} matches `{}@{}`", u.registry, u.name, u.requested);
+    if !u.available_versions.is_empty() {
+        s.push_str(&format!(
+            " (registered versions: {})",
+            u.available_versions.join(", ")
+        ));
+    }
+    if !u.nearest.is_empty() {
+        s.push_str(&format!("; did you mean {}?", u.nearest.join(", ")));
+    }
+    s
+}
+
+impl InvokeError {
+    /// A stable, snake_case name of the variant, used in records.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            InvokeError::NotFound(_) => "not_found",
+            InvokeError::DigestMismatch { .. } => "digest_mismatch",
+            InvokeError::CapabilityDenied { .. } => "capability_denied",
+            InvokeError::Timeout { .. } => "timeout",
+            InvokeError::MemoryExhausted { .. } => "memory_exhausted",
+            InvokeError::FuelExhausted { .. } => "fuel_exhausted",
+            InvokeError::OutputTooLarge { .. } => "output_too_large",
+            InvokeError::StackOverflow => "stack_overflow",
+            InvokeError::GuestPanicked { .. } => "guest_panicked",
+            InvokeError::Trap { .. } => "trap",
+            InvokeError::InvalidOutput(_) => "invalid_output",
+            InvokeError::Tool(ToolError::InvalidInput(_)) => "invalid_input",
+            InvokeError::Tool(ToolError::Failed(_)) => "failed",
+            InvokeError::Tool(ToolError::Unavailable(_)) => "unavailable",
+            InvokeError::Host(_) => "host",
+        }
+    }
+}
+
+/// Why a component was not loaded. Names the component (by origin until its
+/// `describe` has run, then by name) and what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error("{origin}: cannot read: {message}")]
+    Read { origin: String, message: String },
+    #[error("{origin}: not a WebAssembly component wasmtime can compile: {message}")]
+    Compile { origin: String, message: String },
+    #[error(
+        "{origin}: exports neither the `tool` nor the `verifier` world of {}: {reason}",
+        crate::record::WIT_PACKAGE
+    )]
+    NotAPlugin { origin: String, reason: String },
+    #[error(
+        "{origin}: imports `{import}`: wasi:sockets is never granted; reach the network through wasi:http and the `http` capability"
+    )]
+    Sockets { origin: String, import: String },
+    #[error(
+        "{origin}: imports `{import}`, which this host does not provide (it serves wasi 0.2.x and {})",
+        crate::record::WIT_PACKAGE
+    )]
+    UnknownImport { origin: String, import: String },
+    #[error("{origin}: `describe` failed: {error}")]
+    Describe {
+        origin: String,
+        error: Box<InvokeError>,
+    },
+    #[error("{origin}: bad descriptor: {field}: {message}")]
+    BadDescriptor {
+        origin: String,
+        field: &'static str,
+        message: String,
+    },
+    #[error(
+        "`{component}` ({origin}) imports `{import}` but does not declare a capability covering it (needs {needs})"
+    )]
+    UndeclaredImport {
+        component: String,
+        origin: String,
+        import: String,
+        needs: &'static str,
+    },
+    #[error(
+        "`{component}` ({origin}) declares `{capability}`, which {policy} does not grant; to grant it: {hint}"
+    )]
+    CapabilityDenied {
+        component: String,
+        origin: String,
+        capability: String,
+        policy: String,
+        hint: String,
+    },
+    #[error(
+        "`{name}@{version}` is registered twice with different components: {first} and {second}"
+    )]
+    Conflict {
+        name: String,
+        version: String,
+        first: String,
+        second: String,
+    },
+}
+
+impl LoadError {
+    /// Where the refused component came from.
+    pub fn origin(&self) -> &str {
+        match self {
+            LoadError::Read { origin, .. }
+            | LoadError::Compile { origin, .. }
+            | LoadError::NotAPlugin { origin, .. }
+            | LoadError::Sockets { origin, .. }
+            | LoadError::UnknownImport { origin, .. }
+            | LoadError::Describe { origin, .. }
+            | LoadError::BadDescriptor { origin, .. }
+            | LoadError::UndeclaredImport { origin, .. }
+            | LoadError::CapabilityDenied { origin, .. } => origin,
+            LoadError::Conflict { second, .. } => second,
+        }
+    }
+}
+
+/// Why a host could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("cannot create the WebAssembly engine: {0}")]
+    Engine(String),
+    #[error("compile cache {path}: {message}")]
+    Cache { path: String, message: String },
+    #[error("plugin directory {path}: {message}")]
+    PluginDir { path: String, message: String },
+    /// Components were refused; every one is listed.
+    #[error("{}", Refused(.0))]
+    Refused(Vec<LoadError>),
+}
+
+struct Refused<'a>(&'a [LoadError]);
+
+impl fmt::Display for Refused<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} component(s) refused:", self.0.len())?;
+        for e in self.0 {
+            write!(f, "\n  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_names_what_was_searched_and_the_nearest() {
+        let e = InvokeError::NotFound(Unresolved {
+            name: "jsn".into(),
+            requested: "*".into(),
+            registry: "tools (bundled)".into(),
+            available_versions: vec![],
+            nearest: vec!["json".into()],
+        });
+        assert_eq!(
+            e.to_string(),
+            "no tools (bundled) matches `jsn@*`; did you mean json?"
+        );
+        assert_eq!(e.kind(), "not_found");
+    }
+
+    #[test]
+    fn tool_errors_serialize_by_kind() {
+        let v = serde_json::to_value(ToolError::Unavailable("later".into())).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"kind": "unavailable", "message": "later"})
+        );
+        assert_eq!(
+            InvokeError::Tool(ToolError::Failed("x".into())).kind(),
+            "failed"
+        );
+    }
+}

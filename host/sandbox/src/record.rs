@@ -1,0 +1,247 @@
+//! The hostcall record: what the host writes down about every invocation,
+//! and the journal that collects it while the guest runs.
+//!
+//! A record is produced for every tool and verifier invocation (and for the
+//! `describe` call at load), whether it succeeds or fails; the executor
+//! stores it in the run's episode, so it serializes. What is recorded, and
+//! how:
+//!
+//! - `wasi:filesystem` — every call individually (interface, function, the
+//!   guest path(s) with flags, result), by a wrapper around wasmtime-wasi's
+//!   implementation (`fs.rs`). Resource drops are not recorded.
+//! - `wasi:http` — every outgoing request individually (method, URL,
+//!   allowed or refused, status), at wasmtime-wasi-http's `send_request`
+//!   hook (`http.rs`).
+//! - Baseline interfaces — aggregated in [`Baseline`]: wall- and
+//!   monotonic-clock reads and random words drawn (counted by the host's
+//!   deterministic clock and RNG implementations), bytes written to stdout
+//!   and stderr (counted by the capture pipes). Environment, stdin and
+//!   terminal queries are served empty and not counted.
+//!
+//! This module knows nothing of wasmtime; it holds plain data.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+use crate::policy::Grant;
+
+/// The WIT package every record's tool speaks.
+pub const WIT_PACKAGE: &str = "poimen:plugin@0.1.0";
+
+/// Which export was called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// `invoke` of a tool.
+    Tool,
+    /// `verify` of a verifier.
+    Verifier,
+    /// `describe`, called once when the component is loaded.
+    Describe,
+}
+
+/// Which component ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolIdentity {
+    pub name: String,
+    pub version: String,
+    /// Blake3 of the component bytes, `b3:`-prefixed.
+    pub digest: String,
+    /// The WIT package the component was linked against.
+    pub wit_package: String,
+}
+
+/// One capability-bearing host call the guest made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostCall {
+    /// e.g. `wasi:filesystem/types`.
+    pub interface: String,
+    /// e.g. `[method]descriptor.open-at`.
+    pub function: String,
+    /// The arguments that matter, in words: the guest path and flags, the
+    /// method and URL.
+    pub args: String,
+    /// `ok`, `ok: <detail>`, `error: <code>`, or `refused: <why>`.
+    pub result: String,
+}
+
+/// A capability use the host refused; any refusal fails the invocation with
+/// [`InvokeError::CapabilityDenied`](crate::InvokeError::CapabilityDenied),
+/// whatever the guest made of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The capability the use would have needed (`http`, `fs-read:/data`).
+    pub capability: String,
+    /// What was attempted (`GET http://evil.example/`, `open ../x`).
+    pub attempted: String,
+    pub why: String,
+}
+
+/// Baseline imports, aggregated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Baseline {
+    pub wall_clock_reads: u64,
+    pub monotonic_clock_reads: u64,
+    /// 32-bit words drawn from the deterministic random sources.
+    pub random_words: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// How the invocation ended, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Ok {
+        /// Blake3 of the canonical JSON result, `b3:`-prefixed.
+        output_hash: String,
+        output_bytes: u64,
+    },
+    Error {
+        /// [`InvokeError::kind`](crate::InvokeError::kind), e.g. `timeout`.
+        kind: String,
+        message: String,
+    },
+}
+
+/// Captured guest stderr, bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Captured {
+    /// The first [`STDERR_CAPTURE_BYTES`](crate::limits::STDERR_CAPTURE_BYTES), as UTF-8 (lossy).
+    pub text: String,
+    /// Whether more was written than kept.
+    pub truncated: bool,
+}
+
+/// Everything the host knows about one invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostcallRecord {
+    pub kind: CallKind,
+    /// The reference asked for (`json@^0.1`), or the component's origin for
+    /// a `describe` at load.
+    pub requested: String,
+    /// The component that ran; `None` when none was found.
+    pub tool: Option<ToolIdentity>,
+    /// The arguments as canonical JSON (RFC 8785). For a verifier, the
+    /// object `{"config", "input", "output"}`.
+    pub args: String,
+    /// Blake3 of `args`, `b3:`-prefixed.
+    pub args_hash: String,
+    /// The tool call's idempotency key; `None` for verifiers and `describe`.
+    pub idempotency_key: Option<String>,
+    /// What the invocation was granted.
+    pub capabilities: Vec<Grant>,
+    /// The limits it ran under.
+    pub limits: Limits,
+    /// Capability-bearing host calls, in the order they were made.
+    pub host_calls: Vec<HostCall>,
+    /// Refused capability uses.
+    pub refusals: Vec<Refusal>,
+    pub baseline: Baseline,
+    pub outcome: Outcome,
+    /// Fuel burnt; `None` when the host does not meter fuel or no guest ran.
+    pub fuel_consumed: Option<u64>,
+    /// Wall time from lookup to outcome, in microseconds (volatile).
+    pub wall_time_us: u64,
+    pub stderr: Captured,
+}
+
+/// Blake3 of `bytes`, `b3:`-prefixed lowercase hex.
+pub fn b3(bytes: &[u8]) -> String {
+    format!("b3:{}", blake3::hash(bytes).to_hex())
+}
+
+/// Host calls and refusals of one invocation, shared by the pieces that
+/// see them (the filesystem wrapper, the HTTP hook and its response future).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Journal(Arc<Mutex<JournalInner>>);
+
+#[derive(Debug, Default)]
+pub(crate) struct JournalInner {
+    pub calls: Vec<HostCall>,
+    pub refusals: Vec<Refusal>,
+}
+
+impl Journal {
+    fn with<R>(&self, f: impl FnOnce(&mut JournalInner) -> R) -> R {
+        // A panic while holding the lock cannot leave a half-written entry
+        // that matters: keep recording.
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Appends a call; returns its index, to fill in the result later.
+    pub fn call(&self, interface: &str, function: &str, args: String, result: String) -> usize {
+        self.with(|j| {
+            j.calls.push(HostCall {
+                interface: interface.to_owned(),
+                function: function.to_owned(),
+                args,
+                result,
+            });
+            j.calls.len() - 1
+        })
+    }
+
+    pub fn set_result(&self, index: usize, result: String) {
+        self.with(|j| {
+            if let Some(c) = j.calls.get_mut(index) {
+                c.result = result;
+            }
+        });
+    }
+
+    pub fn refuse(&self, refusal: Refusal) {
+        self.with(|j| j.refusals.push(refusal));
+    }
+
+    pub fn take(&self) -> (Vec<HostCall>, Vec<Refusal>) {
+        self.with(|j| {
+            (
+                std::mem::take(&mut j.calls),
+                std::mem::take(&mut j.refusals),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_fills_results_in_later() {
+        let j = Journal::default();
+        let i = j.call(
+            "wasi:http/outgoing-handler",
+            "handle",
+            "GET http://a/".into(),
+            "pending".into(),
+        );
+        j.set_result(i, "ok: 200".into());
+        j.refuse(Refusal {
+            capability: "http".into(),
+            attempted: "GET http://b/".into(),
+            why: "not allowed".into(),
+        });
+        let (calls, refusals) = j.take();
+        assert_eq!(calls[0].result, "ok: 200");
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(j.take().1.len(), 0, "taken");
+    }
+
+    #[test]
+    fn outcome_serializes_with_a_status_tag() {
+        let v = serde_json::to_value(Outcome::Error {
+            kind: "timeout".into(),
+            message: "m".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"status": "error", "kind": "timeout", "message": "m"})
+        );
+        assert_eq!(b3(b"").len(), 3 + 64);
+    }
+}

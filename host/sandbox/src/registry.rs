@@ -1,0 +1,269 @@
+//! The registries of loaded tools and verifiers, keyed by name and semver
+//! version, and their views that implement `workflow`'s registry traits.
+//!
+//! Resolution picks the highest version matching the requested range (or,
+//! when the caller pins a digest, the matching version with that digest); a
+//! miss names what was searched and the nearest names. This module knows
+//! nothing of how a component is loaded or run: it stores what `host` hands
+//! it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use workflow::registry::nearest_names;
+use workflow::{
+    Ineligibility, ToolInfo, ToolRef, ToolRegistry, Unresolved, VerifierRegistry,
+    shadow_eligibility,
+};
+
+use crate::bindings::{ToolPre, VerifierPre};
+use crate::engine::CacheOutcome;
+use crate::error::{InvokeError, LoadError};
+use crate::host::Host;
+use crate::imports::Import;
+use crate::limits::Limits;
+use crate::policy::Grant;
+use crate::record::{HostcallRecord, ToolIdentity};
+use crate::state::CallState;
+
+/// Which world a component exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginKind {
+    Tool,
+    Verifier,
+}
+
+impl PluginKind {
+    fn plural(self) -> &'static str {
+        match self {
+            PluginKind::Tool => "tools",
+            PluginKind::Verifier => "verifiers",
+        }
+    }
+}
+
+/// The pre-linked component, ready to instantiate into a fresh store.
+pub(crate) enum Pre {
+    Tool(ToolPre<CallState>),
+    Verifier(VerifierPre<CallState>),
+}
+
+/// A loaded component and everything decided about it at load.
+pub(crate) struct Loaded {
+    pub info: ToolInfo,
+    pub kind: PluginKind,
+    pub origin: String,
+    pub identity: ToolIdentity,
+    pub pre: Pre,
+    pub imports: Vec<Import>,
+    pub grants: Vec<Grant>,
+    pub limits: Limits,
+    pub cache: CacheOutcome,
+    pub describe_record: HostcallRecord,
+}
+
+/// A registry entry, as listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub info: ToolInfo,
+    pub kind: PluginKind,
+    /// Where the component came from (a file path, or the embedder's label).
+    pub origin: String,
+    /// The component's imports, from its type.
+    pub imports: Vec<Import>,
+    /// What policy granted it.
+    pub grants: Vec<Grant>,
+    /// The limits its invocations run under (before a caller's timeout).
+    pub limits: Limits,
+    /// Whether it may run in shadow evaluation, and why not.
+    pub eligibility: Result<(), Vec<Ineligibility>>,
+    /// Whether its compiled code came from the on-disk cache.
+    pub cache: CacheOutcome,
+    /// The record of the `describe` call made at load.
+    pub describe_record: HostcallRecord,
+}
+
+impl Loaded {
+    pub fn entry(&self) -> Entry {
+        Entry {
+            info: self.info.clone(),
+            kind: self.kind,
+            origin: self.origin.clone(),
+            imports: self.imports.clone(),
+            grants: self.grants.clone(),
+            limits: self.limits,
+            eligibility: shadow_eligibility(&self.info.capabilities, self.info.effect),
+            cache: self.cache,
+            describe_record: self.describe_record.clone(),
+        }
+    }
+}
+
+/// Everything loaded, by kind then name, versions ascending.
+#[derive(Default)]
+pub(crate) struct Registry {
+    tools: BTreeMap<String, Vec<Arc<Loaded>>>,
+    verifiers: BTreeMap<String, Vec<Arc<Loaded>>>,
+    /// Where components were loaded from, in words.
+    pub sources: Vec<String>,
+}
+
+impl Registry {
+    pub fn new(sources: Vec<String>) -> Self {
+        Registry {
+            sources,
+            ..Registry::default()
+        }
+    }
+
+    fn map(&self, kind: PluginKind) -> &BTreeMap<String, Vec<Arc<Loaded>>> {
+        match kind {
+            PluginKind::Tool => &self.tools,
+            PluginKind::Verifier => &self.verifiers,
+        }
+    }
+
+    /// Adds a component; the same name, version and digest again is a
+    /// no-op, a different digest is a conflict.
+    pub fn insert(&mut self, loaded: Loaded) -> Result<Arc<Loaded>, LoadError> {
+        let map = match loaded.kind {
+            PluginKind::Tool => &mut self.tools,
+            PluginKind::Verifier => &mut self.verifiers,
+        };
+        let versions = map.entry(loaded.info.name.clone()).or_default();
+        if let Some(existing) = versions
+            .iter()
+            .find(|v| v.info.version == loaded.info.version)
+        {
+            if existing.info.digest == loaded.info.digest {
+                return Ok(existing.clone());
+            }
+            return Err(LoadError::Conflict {
+                name: loaded.info.name.clone(),
+                version: loaded.info.version.to_string(),
+                first: existing.origin.clone(),
+                second: loaded.origin,
+            });
+        }
+        let loaded = Arc::new(loaded);
+        versions.push(loaded.clone());
+        versions.sort_by(|a, b| a.info.version.cmp(&b.info.version));
+        Ok(loaded)
+    }
+
+    fn label(&self, kind: PluginKind) -> String {
+        if self.sources.is_empty() {
+            kind.plural().to_owned()
+        } else {
+            format!("{} loaded from {}", kind.plural(), self.sources.join(", "))
+        }
+    }
+
+    /// The entry `r` names: the highest matching version, or the matching
+    /// version with `digest` when one is pinned.
+    pub fn resolve(
+        &self,
+        kind: PluginKind,
+        r: &ToolRef,
+        digest: Option<&str>,
+    ) -> Result<Arc<Loaded>, InvokeError> {
+        let map = self.map(kind);
+        let versions = map.get(&r.name);
+        let mut matching = versions
+            .into_iter()
+            .flatten()
+            .rev()
+            .filter(|v| r.version.matches(&v.info.version));
+        let Some(highest) = matching.next() else {
+            return Err(InvokeError::NotFound(Unresolved {
+                name: r.name.clone(),
+                requested: r.version.to_string(),
+                registry: self.label(kind),
+                available_versions: versions
+                    .map(|vs| vs.iter().map(|v| v.info.version.to_string()).collect())
+                    .unwrap_or_default(),
+                nearest: if versions.is_some() {
+                    Vec::new()
+                } else {
+                    nearest_names(&r.name, map.keys().map(String::as_str))
+                },
+            }));
+        };
+        match digest {
+            None => Ok(highest.clone()),
+            Some(d) if highest.info.digest == d => Ok(highest.clone()),
+            Some(d) => match matching.find(|v| v.info.digest == d) {
+                Some(pinned) => Ok(pinned.clone()),
+                None => Err(InvokeError::DigestMismatch {
+                    tool: r.to_string(),
+                    expected: d.to_owned(),
+                    found: highest.info.digest.clone(),
+                }),
+            },
+        }
+    }
+
+    pub fn list(&self, kind: PluginKind) -> Vec<Entry> {
+        self.map(kind)
+            .values()
+            .flatten()
+            .map(|l| l.entry())
+            .collect()
+    }
+}
+
+/// The tool registry of a [`Host`]: resolves references for the validator
+/// and lists what is loaded.
+#[derive(Debug, Clone)]
+pub struct Tools(pub(crate) Host);
+
+/// The verifier registry of a [`Host`].
+#[derive(Debug, Clone)]
+pub struct Verifiers(pub(crate) Host);
+
+impl Tools {
+    /// Every loaded tool, by name then version.
+    pub fn list(&self) -> Vec<Entry> {
+        self.0.with_registry(|r| r.list(PluginKind::Tool))
+    }
+}
+
+impl Verifiers {
+    /// Every loaded verifier, by name then version.
+    pub fn list(&self) -> Vec<Entry> {
+        self.0.with_registry(|r| r.list(PluginKind::Verifier))
+    }
+}
+
+fn unresolved(e: InvokeError, r: &ToolRef) -> Unresolved {
+    match e {
+        InvokeError::NotFound(u) => u,
+        other => Unresolved {
+            name: r.name.clone(),
+            requested: r.version.to_string(),
+            registry: other.to_string(),
+            available_versions: Vec::new(),
+            nearest: Vec::new(),
+        },
+    }
+}
+
+impl ToolRegistry for Tools {
+    fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.0
+            .with_registry(|r| r.resolve(PluginKind::Tool, tool, None))
+            .map(|l| l.info.clone())
+            .map_err(|e| unresolved(e, tool))
+    }
+}
+
+impl VerifierRegistry for Verifiers {
+    fn resolve_verifier(&self, verifier: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.0
+            .with_registry(|r| r.resolve(PluginKind::Verifier, verifier, None))
+            .map(|l| l.info.clone())
+            .map_err(|e| unresolved(e, verifier))
+    }
+}

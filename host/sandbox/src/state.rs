@@ -1,0 +1,509 @@
+//! The `Store` data of one invocation: a WASI context built from the
+//! invocation's grants alone, and the deterministic clocks, random source
+//! and stdio capture behind the baseline imports.
+//!
+//! Nothing here is inherited from the host process: no environment, no
+//! arguments, no stdin, no stdout or stderr (both captured), no OS clock,
+//! no OS randomness, preopens only for granted mounts, HTTP only to granted
+//! hosts. It knows nothing of components or registries.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{
+    FsPerms, HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+use wasmtime_wasi_io::IoView;
+use wasmtime_wasi_io::bytes::Bytes;
+use wasmtime_wasi_io::poll::Pollable;
+use wasmtime_wasi_io::streams::{OutputStream, StreamResult};
+use workflow::Capability;
+
+use crate::fs::{FsTracker, Mount, RecordedFilesystem, RecordingFs};
+use crate::http::HttpGate;
+use crate::limits::MemoryLimiter;
+use crate::policy::Grant;
+use crate::record::{Baseline, Captured, Journal};
+
+/// What `wasi:clocks/wall-clock` says it is: 2000-01-01T00:00:00Z, for every
+/// call. A tool that needs the time gets it in its arguments, from the
+/// executor's recorded clock; a clock read inside a guest would make the
+/// call unrepeatable.
+pub const FROZEN_WALL_CLOCK: Duration = Duration::from_secs(946_684_800);
+
+/// How far `wasi:clocks/monotonic-clock` advances per read, in nanoseconds:
+/// time passes (so elapsed-time loops end) but the same calls see the same
+/// times.
+pub const MONOTONIC_STEP_NS: u64 = 1_000;
+
+/// Counters shared between the store data and the clock and RNG objects
+/// the WASI context owns.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    wall_reads: AtomicU64,
+    monotonic_reads: AtomicU64,
+    random_words: AtomicU64,
+}
+
+struct FrozenWallClock(Arc<Counters>);
+
+impl HostWallClock for FrozenWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+
+    fn now(&self) -> Duration {
+        self.0.wall_reads.fetch_add(1, Ordering::Relaxed);
+        FROZEN_WALL_CLOCK
+    }
+}
+
+struct SteppingClock(Arc<Counters>);
+
+impl HostMonotonicClock for SteppingClock {
+    fn resolution(&self) -> u64 {
+        MONOTONIC_STEP_NS
+    }
+
+    fn now(&self) -> u64 {
+        let n = self.0.monotonic_reads.fetch_add(1, Ordering::Relaxed);
+        n.saturating_add(1).saturating_mul(MONOTONIC_STEP_NS)
+    }
+}
+
+/// A random source that is a pure function of its seed: Blake3 in XOF mode.
+struct SeededRng {
+    reader: blake3::OutputReader,
+    counters: Arc<Counters>,
+}
+
+impl SeededRng {
+    fn new(seed: &[u8; 32], stream: &str, counters: Arc<Counters>) -> Self {
+        let mut h = blake3::Hasher::new_keyed(seed);
+        h.update(stream.as_bytes());
+        SeededRng {
+            reader: h.finalize_xof(),
+            counters,
+        }
+    }
+}
+
+impl rand::TryRng for SeededRng {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        let mut b = [0; 4];
+        self.try_fill_bytes(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        let mut b = [0; 8];
+        self.try_fill_bytes(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        self.counters
+            .random_words
+            .fetch_add(dst.len().div_ceil(4) as u64, Ordering::Relaxed);
+        self.reader.fill(dst);
+        Ok(())
+    }
+}
+
+/// The seed of an invocation's random sources: its idempotency key and the
+/// hash of its arguments. A retry with the same key sees the same numbers.
+pub(crate) fn seed(key: &str, args_hash: &str) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key("poimen sandbox 2024 random seed v1");
+    h.update(key.as_bytes());
+    h.update(&[0]);
+    h.update(args_hash.as_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// A bounded capture of stdout or stderr: keeps the first `cap` bytes,
+/// counts them all, never fails the guest's write.
+#[derive(Clone)]
+pub(crate) struct Capture(Arc<Mutex<CaptureInner>>);
+
+struct CaptureInner {
+    kept: Vec<u8>,
+    total: u64,
+    cap: usize,
+}
+
+impl Capture {
+    pub fn new(cap: usize) -> Self {
+        Capture(Arc::new(Mutex::new(CaptureInner {
+            kept: Vec::new(),
+            total: 0,
+            cap,
+        })))
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        c.total += bytes.len() as u64;
+        let room = c.cap.saturating_sub(c.kept.len());
+        let take = room.min(bytes.len());
+        c.kept.extend_from_slice(&bytes[..take]);
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).total
+    }
+
+    pub fn captured(&self) -> Captured {
+        let c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        Captured {
+            text: String::from_utf8_lossy(&c.kept).into_owned(),
+            truncated: c.total > c.kept.len() as u64,
+        }
+    }
+}
+
+impl IsTerminal for Capture {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Capture {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi_io::async_trait]
+impl Pollable for Capture {
+    async fn ready(&mut self) {}
+}
+
+#[wasmtime_wasi_io::async_trait]
+impl OutputStream for Capture {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for Capture {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The data of one invocation's `Store`.
+pub(crate) struct CallState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    gate: HttpGate,
+    fs: FsTracker,
+    pub journal: Journal,
+    pub limiter: MemoryLimiter,
+    counters: Arc<Counters>,
+    stdout: Capture,
+    stderr: Capture,
+    /// The scratch directory, deleted when the invocation ends.
+    _scratch: Option<tempfile::TempDir>,
+}
+
+impl CallState {
+    /// Builds the WASI context from `grants` alone.
+    pub fn new(
+        grants: &[Grant],
+        seed: &[u8; 32],
+        memory_limit: u64,
+        stderr_cap: usize,
+    ) -> Result<Self, String> {
+        let counters = Arc::new(Counters::default());
+        let stdout = Capture::new(0);
+        let stderr = Capture::new(stderr_cap);
+        let journal = Journal::default();
+        let mut b = WasiCtxBuilder::new();
+        b.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .wall_clock(FrozenWallClock(counters.clone()))
+            .monotonic_clock(SteppingClock(counters.clone()))
+            .secure_random(SeededRng::new(seed, "secure", counters.clone()))
+            .insecure_random(SeededRng::new(seed, "insecure", counters.clone()))
+            .insecure_random_seed(u128::from_le_bytes(
+                blake3::keyed_hash(seed, b"insecure-seed").as_bytes()[..16]
+                    .try_into()
+                    .unwrap_or([0; 16]),
+            ))
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+
+        let mut fs = FsTracker::default();
+        let mut allow = Vec::new();
+        let mut scratch = None;
+        for g in grants {
+            let (mount, host, perms) = match &g.capability {
+                Capability::FilesystemRead { mount } => {
+                    (mount.clone(), g.host_dir.clone(), FsPerms::ReadOnly)
+                }
+                Capability::FilesystemWrite { mount } => {
+                    (mount.clone(), g.host_dir.clone(), FsPerms::ReadWrite)
+                }
+                Capability::Scratch => {
+                    let dir = tempfile::Builder::new()
+                        .prefix("poimen-scratch-")
+                        .tempdir()
+                        .map_err(|e| format!("cannot create the scratch directory: {e}"))?;
+                    let path = dir.path().to_owned();
+                    scratch = Some(dir);
+                    (
+                        workflow::capability::SCRATCH_MOUNT.to_owned(),
+                        Some(path),
+                        FsPerms::ReadWrite,
+                    )
+                }
+                Capability::Http => {
+                    for h in &g.hosts {
+                        allow.push(crate::policy::HttpAllow::parse(h)?);
+                    }
+                    continue;
+                }
+            };
+            let Some(host) = host else {
+                return Err(format!("grant `{}` has no host directory", g.capability));
+            };
+            b.preopened_dir(&host, &mount, perms).map_err(|e| {
+                format!(
+                    "granted directory {} for `{}`: {e}",
+                    host.display(),
+                    g.capability
+                )
+            })?;
+            fs.mounts.push(Mount {
+                guest: mount,
+                writable: matches!(perms, FsPerms::ReadWrite),
+                capability: g.capability.to_string(),
+            });
+        }
+        Ok(CallState {
+            table: ResourceTable::new(),
+            wasi: b.build(),
+            http: WasiHttpCtx::new(),
+            gate: HttpGate {
+                allow: allow.into(),
+                journal: journal.clone(),
+            },
+            fs,
+            journal,
+            limiter: MemoryLimiter::new(memory_limit),
+            counters,
+            stdout,
+            stderr,
+            _scratch: scratch,
+        })
+    }
+
+    /// What the filesystem wrapper works on.
+    pub fn filesystem(&mut self) -> RecordingFs<'_> {
+        RecordingFs {
+            inner: wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            tracker: &mut self.fs,
+            journal: &self.journal,
+        }
+    }
+
+    pub fn baseline(&self) -> Baseline {
+        Baseline {
+            wall_clock_reads: self.counters.wall_reads.load(Ordering::Relaxed),
+            monotonic_clock_reads: self.counters.monotonic_reads.load(Ordering::Relaxed),
+            random_words: self.counters.random_words.load(Ordering::Relaxed),
+            stdout_bytes: self.stdout.total(),
+            stderr_bytes: self.stderr.total(),
+        }
+    }
+
+    pub fn stderr(&self) -> Captured {
+        self.stderr.captured()
+    }
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl IoView for CallState {
+    fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.gate,
+        }
+    }
+}
+
+/// Puts every interface the host serves into `linker`: the baseline ones
+/// from wasmtime-wasi, the filesystem through the recording wrapper, and
+/// `wasi:http` through the allowlist hook. `wasi:sockets` is not there.
+pub(crate) fn link(linker: &mut wasmtime::component::Linker<CallState>) -> wasmtime::Result<()> {
+    use wasmtime_wasi::cli::WasiCli;
+    use wasmtime_wasi::clocks::WasiClocks;
+    use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
+    use wasmtime_wasi::random::WasiRandom;
+
+    let l = linker;
+    wasmtime_wasi_io::add_to_linker_async(l)?;
+    clocks::wall_clock::add_to_linker::<CallState, WasiClocks>(
+        l,
+        <CallState as wasmtime_wasi::clocks::WasiClocksView>::clocks,
+    )?;
+    clocks::monotonic_clock::add_to_linker::<CallState, WasiClocks>(
+        l,
+        <CallState as wasmtime_wasi::clocks::WasiClocksView>::clocks,
+    )?;
+    random::random::add_to_linker::<CallState, WasiRandom>(l, |s| s.wasi.random())?;
+    random::insecure::add_to_linker::<CallState, WasiRandom>(l, |s| s.wasi.random())?;
+    random::insecure_seed::add_to_linker::<CallState, WasiRandom>(l, |s| s.wasi.random())?;
+    let cli_view = <CallState as wasmtime_wasi::cli::WasiCliView>::cli;
+    cli::exit::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::environment::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::stdin::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::stdout::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::stderr::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::terminal_input::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::terminal_output::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::terminal_stdin::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::terminal_stdout::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    cli::terminal_stderr::add_to_linker::<CallState, WasiCli>(l, cli_view)?;
+    filesystem::types::add_to_linker::<CallState, RecordedFilesystem>(l, CallState::filesystem)?;
+    filesystem::preopens::add_to_linker::<CallState, RecordedFilesystem>(l, CallState::filesystem)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    #[test]
+    fn randomness_is_a_function_of_key_and_args() {
+        let c = Arc::new(Counters::default());
+        let draw = |key: &str| {
+            let mut r = SeededRng::new(&seed(key, "b3:args"), "secure", c.clone());
+            (r.next_u64(), r.next_u64())
+        };
+        assert_eq!(draw("k1"), draw("k1"));
+        assert_ne!(draw("k1"), draw("k2"));
+        assert_ne!(seed("k", "b3:a"), seed("k", "b3:b"));
+        assert_eq!(c.random_words.load(Ordering::Relaxed), 4 * 2 * 2);
+    }
+
+    #[test]
+    fn clocks_are_deterministic_and_counted() {
+        let c = Arc::new(Counters::default());
+        let wall = FrozenWallClock(c.clone());
+        assert_eq!(wall.now(), FROZEN_WALL_CLOCK);
+        let mono = SteppingClock(c.clone());
+        assert_eq!(
+            (mono.now(), mono.now()),
+            (MONOTONIC_STEP_NS, 2 * MONOTONIC_STEP_NS)
+        );
+        assert_eq!(c.wall_reads.load(Ordering::Relaxed), 1);
+        assert_eq!(c.monotonic_reads.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn scratch_is_a_fresh_directory_that_goes_away() {
+        let grant = Grant {
+            capability: Capability::Scratch,
+            host_dir: None,
+            hosts: Vec::new(),
+        };
+        let state = CallState::new(&[grant], &[0; 32], 1 << 20, 64).expect("state");
+        let dir = state
+            ._scratch
+            .as_ref()
+            .map(|d| d.path().to_owned())
+            .expect("scratch");
+        assert!(dir.is_dir());
+        assert_eq!(std::fs::read_dir(&dir).expect("ls").count(), 0);
+        assert_eq!(state.fs.mounts[0].guest, "/scratch");
+        assert!(state.fs.mounts[0].writable);
+        drop(state);
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_grant_without_its_directory_is_a_host_failure() {
+        let grant = Grant {
+            capability: "fs-read:/data".parse().expect("cap"),
+            host_dir: Some("/nonexistent/poimen".into()),
+            hosts: Vec::new(),
+        };
+        let e = CallState::new(&[grant], &[0; 32], 1 << 20, 64)
+            .err()
+            .expect("fails");
+        assert!(e.contains("/nonexistent/poimen"), "{e}");
+    }
+
+    #[test]
+    fn capture_keeps_a_prefix_and_counts_everything() {
+        let cap = Capture::new(4);
+        cap.push(b"abc");
+        cap.push(b"defg");
+        assert_eq!(cap.total(), 7);
+        assert_eq!(
+            cap.captured(),
+            Captured {
+                text: "abcd".into(),
+                truncated: true
+            }
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! The hostcall boundary: records, concurrency, cancellation, registries,
+//! load-time capability checks, digests, the compile cache, inspection.
+
+use std::time::Duration;
+
+use sandbox::record::{CallKind, Outcome, b3};
+use sandbox::{
+    BuildError, Capability, EffectClass, Host, ImportClass, InvokeError, LoadError, PluginKind,
+    ToolCall, ToolRegistry, VerifierRegistry, WIT_PACKAGE,
+};
+use serde_json::json;
+
+use crate::support::{self, bytes, call, error, still_healthy, tool, world};
+
+#[tokio::test]
+async fn every_invocation_has_a_complete_serializable_record() {
+    let w = world().await;
+    // Keys are out of order and numbers unnormalized: the record holds the
+    // canonical form (RFC 8785) and its hash.
+    let args = json!({"value": {"b": 1.0, "a": [1e2]}, "select": "/a/0"});
+    let r = w
+        .host
+        .invoke_tool(ToolCall::new(tool("json@^0.1"), args, "run-1/step-2/0"))
+        .await;
+    // The guest parsed the canonical text, where `1e2` is `100`.
+    assert_eq!(r.outcome, Ok(json!(100)));
+    let rec = &r.record;
+    assert_eq!(rec.kind, CallKind::Tool);
+    assert_eq!(rec.requested, "json@^0.1");
+    let id = rec.tool.as_ref().expect("identity");
+    assert_eq!(
+        (
+            id.name.as_str(),
+            id.version.as_str(),
+            id.wit_package.as_str()
+        ),
+        ("json", "0.1.0", WIT_PACKAGE)
+    );
+    assert_eq!(id.digest, b3(&bytes(plugin_artifacts::JSON)));
+    assert_eq!(rec.args, r#"{"select":"/a/0","value":{"a":[100],"b":1}}"#);
+    assert_eq!(rec.args_hash, b3(rec.args.as_bytes()));
+    assert_eq!(rec.idempotency_key.as_deref(), Some("run-1/step-2/0"));
+    assert!(rec.capabilities.is_empty());
+    assert!(rec.host_calls.is_empty() && rec.refusals.is_empty());
+    assert_eq!(
+        rec.outcome,
+        Outcome::Ok {
+            output_hash: b3(b"100"),
+            output_bytes: 3
+        }
+    );
+    assert!(rec.fuel_consumed.is_some_and(|f| f > 0));
+    assert_eq!(rec.limits, sandbox::Limits::default());
+    let back: sandbox::HostcallRecord =
+        serde_json::from_str(&serde_json::to_string(rec).expect("ser")).expect("de");
+    assert_eq!(&back, rec);
+
+    // A failure has a record too, with the error's kind.
+    let r = call(&w.host, "nope", json!({})).await;
+    assert_eq!(r.record.tool, None);
+    assert!(matches!(&r.record.outcome, Outcome::Error { kind, .. } if kind == "not_found"));
+}
+
+#[tokio::test]
+async fn the_same_call_is_the_same_record_but_for_wall_time() {
+    let w = world().await;
+    let again = || {
+        w.host.invoke_tool(ToolCall::new(
+            tool("text"),
+            json!({"op": "count", "pattern": "x", "text": "xx"}),
+            "k",
+        ))
+    };
+    let (mut a, mut b) = (again().await.record, again().await.record);
+    a.wall_time_us = 0;
+    b.wall_time_us = 0;
+    assert_eq!(a, b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_simultaneous_invocations_keep_separate_records() {
+    let w = world().await;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64u64 {
+        let host = w.host.clone();
+        set.spawn(async move {
+            let text = "x".repeat(usize::try_from(i).expect("small"));
+            let (name, args) = if i % 2 == 0 {
+                ("text", json!({"op": "count", "pattern": "x", "text": text}))
+            } else {
+                ("json", json!({"value": {"i": i}, "select": "/i"}))
+            };
+            let r = host
+                .invoke_tool(ToolCall::new(tool(name), args.clone(), format!("k{i}")))
+                .await;
+            (i, name, args, r)
+        });
+    }
+    let mut seen = 0;
+    while let Some(done) = set.join_next().await {
+        let (i, name, args, r) = done.expect("task");
+        let expected = if name == "text" {
+            json!({"count": i})
+        } else {
+            json!(i)
+        };
+        assert_eq!(r.outcome, Ok(expected), "call {i}");
+        assert_eq!(r.record.idempotency_key, Some(format!("k{i}")));
+        assert_eq!(
+            r.record.args,
+            serde_json_canonicalizer::to_string(&args).expect("jcs")
+        );
+        assert_eq!(r.record.tool.as_ref().map(|t| t.name.as_str()), Some(name));
+        seen += 1;
+    }
+    assert_eq!(seen, 64);
+    assert_eq!(w.host.in_flight(), 0);
+}
+
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    // Generous: the assertion is on the outcome, not on how fast it comes.
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_future_interrupts_a_spinning_guest() {
+    let w = world().await;
+    // Abort the task awaiting the invocation.
+    let host = w.host.clone();
+    let task = tokio::spawn(async move {
+        host.invoke_tool(
+            ToolCall::new(tool("adv-spin"), json!({}), "k").timeout(Duration::from_secs(600)),
+        )
+        .await
+    });
+    wait_for("the guest to start", || w.host.in_flight() == 1).await;
+    task.abort();
+    let joined = task.await;
+    assert!(joined.is_err_and(|e| e.is_cancelled()));
+    wait_for("the guest to stop", || w.host.in_flight() == 0).await;
+
+    // Drop the future itself, in a select.
+    let spin = w.host.invoke_tool(
+        ToolCall::new(tool("adv-spin"), json!({}), "k2").timeout(Duration::from_secs(600)),
+    );
+    tokio::select! {
+        _ = spin => panic!("a spinning guest returned"),
+        () = wait_for("the second guest to start", || w.host.in_flight() == 1) => {}
+    }
+    wait_for("the second guest to stop", || w.host.in_flight() == 0).await;
+    still_healthy(&w.host).await;
+}
+
+#[tokio::test]
+async fn registries_resolve_by_name_and_range_and_explain_misses() {
+    let w = world().await;
+    let tools = w.host.tools();
+    let info = tools.resolve_tool(&tool("json@^0.1")).expect("json");
+    assert_eq!(
+        (info.name.as_str(), info.effect),
+        ("json", EffectClass::Pure)
+    );
+    assert!(info.input_schema.is_object());
+
+    let miss = tools.resolve_tool(&tool("json@^2")).expect_err("range");
+    assert_eq!(miss.available_versions, ["0.1.0"]);
+    assert!(miss.nearest.is_empty());
+    let miss = tools.resolve_tool(&tool("jsn")).expect_err("name");
+    assert_eq!(miss.nearest.first().map(String::as_str), Some("json"));
+    assert!(
+        miss.registry.contains("tools") && miss.registry.contains("embedder"),
+        "{}",
+        miss.registry
+    );
+    // Tools and verifiers are separate registries.
+    assert!(tools.resolve_tool(&tool("matches")).is_err());
+    let verifiers = w.host.verifiers();
+    assert_eq!(
+        verifiers
+            .resolve_verifier(&tool("matches"))
+            .expect("matches")
+            .name,
+        "matches"
+    );
+
+    let listed = tools.list();
+    let names: Vec<&str> = listed.iter().map(|e| e.info.name.as_str()).collect();
+    assert!(
+        names.contains(&"fs-read") && names.contains(&"adv-spin"),
+        "{names:?}"
+    );
+    let entry = |n: &str| listed.iter().find(|e| e.info.name == n).expect(n);
+    assert_eq!(entry("fs-read").eligibility, Ok(()));
+    assert_eq!(entry("fs-read").kind, PluginKind::Tool);
+    assert_eq!(
+        entry("fs-read").info.capabilities,
+        ["fs-read:/data".parse::<Capability>().expect("cap")]
+    );
+    assert!(
+        entry("fs-read")
+            .imports
+            .iter()
+            .any(|i| i.class == ImportClass::Filesystem)
+    );
+    assert!(
+        entry("json")
+            .imports
+            .iter()
+            .all(|i| i.class == ImportClass::Baseline),
+        "a pure plugin needs no capability"
+    );
+    assert_eq!(
+        entry("ledger").eligibility.as_ref().map_err(Vec::len),
+        Err(2)
+    );
+    assert_eq!(
+        entry("ledger-idempotent")
+            .eligibility
+            .as_ref()
+            .map_err(Vec::len),
+        Err(1)
+    );
+    assert!(entry("http-get").eligibility.is_err());
+    assert_eq!(entry("json").describe_record.kind, CallKind::Describe);
+    assert_eq!(verifiers.list().len(), 2);
+}
+
+#[tokio::test]
+async fn a_pinned_digest_must_match() {
+    let w = world().await;
+    let digest = b3(&bytes(plugin_artifacts::TEXT));
+    let args = json!({"op": "count", "pattern": "a", "text": "a"});
+    let ok = w
+        .host
+        .invoke_tool(ToolCall::new(tool("text"), args.clone(), "k").pinned(&digest))
+        .await;
+    assert_eq!(ok.outcome, Ok(json!({"count": 1})));
+    let wrong = w
+        .host
+        .invoke_tool(ToolCall::new(tool("text"), args, "k").pinned("b3:0000"))
+        .await;
+    assert_eq!(
+        error(&wrong),
+        &InvokeError::DigestMismatch {
+            tool: "text".into(),
+            expected: "b3:0000".into(),
+            found: digest
+        }
+    );
+}
+
+#[tokio::test]
+async fn declared_capabilities_must_be_granted_at_load() {
+    // The built-in policy grants nothing: fs-read cannot load.
+    let host = support::builder().build().await.expect("host");
+    let e = host
+        .load_component("test:fs-read", bytes(plugin_artifacts::FS_READ))
+        .await
+        .expect_err("denied");
+    match &e {
+        LoadError::CapabilityDenied {
+            component,
+            capability,
+            policy,
+            hint,
+            ..
+        } => {
+            assert_eq!(component, "fs-read");
+            assert_eq!(capability, "fs-read:/data");
+            assert!(policy.contains("built-in default policy"), "{policy}");
+            assert!(hint.contains("fs-read = { \"/data\""), "{hint}");
+        }
+        e => panic!("expected CapabilityDenied, got {e:?}"),
+    }
+    // A pure plugin loads with no capability at all.
+    host.load_component("test:json", bytes(plugin_artifacts::JSON))
+        .await
+        .expect("pure plugin loads");
+    still_healthy_json(&host).await;
+
+    // At build, every refusal is listed.
+    let dir = tempfile::tempdir().expect("dir");
+    for (name, path) in [
+        ("a.wasm", plugin_artifacts::ADV_SOCKETS),
+        ("b.wasm", plugin_artifacts::HTTP_GET),
+        ("c.wasm", plugin_artifacts::TEXT),
+    ] {
+        std::fs::copy(path, dir.path().join(name)).expect("copy");
+    }
+    match support::builder().plugin_dir(dir.path()).build().await {
+        Err(BuildError::Refused(errors)) => {
+            assert_eq!(errors.len(), 2, "{errors:?}");
+            assert!(
+                matches!(&errors[0], LoadError::Sockets { origin, .. } if origin.ends_with("a.wasm"))
+            );
+            assert!(
+                matches!(&errors[1], LoadError::CapabilityDenied { capability, .. } if capability == "http")
+            );
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+}
+
+async fn still_healthy_json(host: &Host) {
+    let r = call(host, "json", json!({"value": [1], "select": "/0"})).await;
+    assert_eq!(r.outcome, Ok(json!(1)));
+}
+
+#[tokio::test]
+async fn a_policy_file_fixture_grants_its_mounts() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/policy/fs-read.toml"
+    );
+    let host = support::builder()
+        .policy_file(fixture)
+        .component_bytes("test:fs-read", bytes(plugin_artifacts::FS_READ))
+        .build()
+        .await
+        .expect("host");
+    let r = call(&host, "fs-read", json!({"path": "hello.txt"})).await;
+    assert_eq!(
+        r.outcome.as_ref().map(|v| v["content"].clone()),
+        Ok(json!("hello from the fixture\n"))
+    );
+    assert_eq!(r.record.limits.timeout, Duration::from_secs(5));
+    let grant = &r.record.capabilities[0];
+    assert!(
+        grant
+            .host_dir
+            .as_ref()
+            .is_some_and(|d| d.ends_with("fixtures/policy/data")),
+        "{grant:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_compile_cache_is_used_the_second_time() {
+    let dir = tempfile::tempdir().expect("dir");
+    let build = || {
+        Host::builder()
+            .cache_dir(dir.path())
+            .component_bytes("t", bytes(plugin_artifacts::ADV_SPIN))
+            .build()
+    };
+    let first = build().await.expect("host").tools().list();
+    let second = build().await.expect("host").tools().list();
+    assert_eq!(first[0].cache, sandbox::CacheOutcome::Compiled);
+    assert_eq!(second[0].cache, sandbox::CacheOutcome::Hit);
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
+}
+
+#[tokio::test]
+async fn inspect_reports_descriptor_imports_and_problems() {
+    let w = world().await;
+    let i = w
+        .host
+        .inspect(bytes(plugin_artifacts::HTTP_GET))
+        .await
+        .expect("inspect");
+    assert_eq!(i.kind, PluginKind::Tool);
+    assert_eq!(i.info.name, "http-get");
+    assert_eq!(i.info.capabilities, [Capability::Http]);
+    assert!(i.imports.iter().any(|x| x.class == ImportClass::Http));
+    assert!(i.problems.is_empty());
+    assert!(i.eligibility.is_err());
+
+    let i = w
+        .host
+        .inspect(bytes(plugin_artifacts::ADV_UNDECLARED_HTTP))
+        .await
+        .expect("inspect");
+    assert_eq!(i.problems.len(), 2, "{:?}", i.problems);
+    let e = w
+        .host
+        .inspect(bytes(plugin_artifacts::ADV_SOCKETS))
+        .await
+        .expect_err("sockets");
+    assert!(matches!(e, LoadError::Sockets { .. }));
+    // Inspection registers nothing.
+    assert!(
+        w.host
+            .tools()
+            .list()
+            .iter()
+            .all(|t| t.info.name != "adv-undeclared-http")
+    );
+    // The free function, on a throwaway host.
+    let e = sandbox::inspect(b"not wasm".to_vec())
+        .await
+        .expect_err("junk");
+    assert!(matches!(e, LoadError::Compile { .. }));
+}
+
+#[tokio::test]
+async fn the_allocator_is_pooling_unless_turned_off() {
+    let w = world().await;
+    assert_eq!(w.host.allocator(), sandbox::AllocatorKind::Pooling);
+    let h = Host::builder().pooling(false).build().await.expect("host");
+    assert_eq!(h.allocator(), sandbox::AllocatorKind::OnDemand);
+    let h = Host::builder()
+        .pool_instances(u32::MAX / 8)
+        .build()
+        .await
+        .expect("host falls back");
+    assert_eq!(h.allocator(), sandbox::AllocatorKind::OnDemand);
+}
+
+#[tokio::test]
+async fn a_host_without_fuel_records_none() {
+    let host = support::builder()
+        .fuel(false)
+        .component_bytes("t", bytes(plugin_artifacts::TEXT))
+        .build()
+        .await
+        .expect("host");
+    let r = call(
+        &host,
+        "text",
+        json!({"op": "count", "pattern": "a", "text": "a"}),
+    )
+    .await;
+    assert_eq!(r.outcome, Ok(json!({"count": 1})));
+    assert_eq!(r.record.fuel_consumed, None);
+    assert_eq!(r.record.limits.fuel, None);
+}

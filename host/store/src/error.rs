@@ -1,0 +1,314 @@
+//! [`StoreError`]: every way a store operation fails, each with a message
+//! that says what happened, where, and what to do.
+//!
+//! Backends map their own failures (SQLite result codes, IO errors) into
+//! these variants; callers match on the variant, never on message text. This
+//! module does not know which backend produced an error beyond the `path` it
+//! names (`:memory:` for the in-memory store).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use workflow::{StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+
+use crate::ids::{BlobHash, JudgmentId, RunId};
+use crate::records::{IntentPhase, RunStatus};
+
+/// A failed store operation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store file could not be opened or created.
+    Open { path: PathBuf, cause: String },
+    /// The file is not a poimen store (not SQLite, or another application's database).
+    NotADatabase { path: PathBuf, detail: String },
+    /// The file is damaged: truncated, failing SQLite's integrity check, or
+    /// holding bytes that do not match their content hash.
+    Corrupt { path: PathBuf, detail: String },
+    /// The store was written by a newer poimen.
+    NewerSchema {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// Upgrading the schema failed; the store was left at its old version.
+    Migration {
+        path: PathBuf,
+        version: u32,
+        cause: String,
+    },
+    /// The version claimed for a publish is not the hash of its bytes.
+    VersionHashMismatch {
+        claimed: WorkflowVersion,
+        actual: WorkflowVersion,
+    },
+    /// Different content under a version already stored: corruption or a bug.
+    VersionConflict {
+        version: WorkflowVersion,
+        detail: String,
+    },
+    /// The parent of a new version is not stored.
+    UnknownParent { parent: WorkflowVersion },
+    /// The parent of a new version belongs to another workflow id.
+    ParentOfOtherWorkflow {
+        parent: WorkflowVersion,
+        parent_workflow: WorkflowId,
+        workflow: WorkflowId,
+    },
+    /// Something named does not exist (`what` names it: "run WFR-…").
+    NotFound { what: String },
+    /// A version prefix matches more than one stored version.
+    AmbiguousPrefix {
+        prefix: VersionPrefix,
+        candidates: Vec<WorkflowVersion>,
+    },
+    /// An idempotency key is already used by a run of another version or
+    /// input. (Boxed: it is the largest variant, and every `Result` carrying
+    /// a `StoreError` would pay for its size.)
+    IdempotencyConflict(Box<IdempotencyConflict>),
+    /// A run id is already used by a different run.
+    RunIdConflict { id: RunId },
+    /// A commit's events do not continue the run's episode: another writer
+    /// got there first, or the caller lost count.
+    SequenceConflict { run: RunId, expected: u64, got: u64 },
+    /// An intent phase that the protocol does not allow after the previous one.
+    IntentOutOfOrder {
+        run: RunId,
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        phase: IntentPhase,
+        previous: Option<IntentPhase>,
+    },
+    /// A judgment request opened twice, answered twice, or answered through another run.
+    JudgmentConflict { id: JudgmentId, detail: String },
+    /// A completed or cancelled run cannot change status or output.
+    RunFinal { run: RunId, status: RunStatus },
+    /// A commit that is malformed on its face (an intent of another run, …).
+    InvalidCommit { run: RunId, detail: String },
+    /// The store file or its directory cannot be written.
+    ReadOnly { path: PathBuf, cause: String },
+    /// The disk (or the store's size limit) is full.
+    Full { path: PathBuf },
+    /// Another process held the store's lock for longer than the busy timeout.
+    Busy { path: PathBuf },
+    /// The operating system reported an IO error.
+    Io { path: PathBuf, detail: String },
+    /// Any other SQLite failure.
+    Sqlite {
+        path: PathBuf,
+        code: i32,
+        message: String,
+    },
+}
+
+/// The details of [`StoreError::IdempotencyConflict`]: both runs' versions
+/// and input hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyConflict {
+    pub key: String,
+    pub existing_run: RunId,
+    pub existing_version: WorkflowVersion,
+    pub new_version: WorkflowVersion,
+    pub existing_input_hash: BlobHash,
+    pub new_input_hash: BlobHash,
+}
+
+impl StoreError {
+    /// The store could not do its work for a reason outside the request —
+    /// read-only, full, locked, IO. The caller should stop the step as
+    /// blocked or failed with this cause, never report success; retrying
+    /// later may work.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::ReadOnly { .. }
+                | StoreError::Full { .. }
+                | StoreError::Busy { .. }
+                | StoreError::Io { .. }
+        )
+    }
+
+    /// The stored data is damaged.
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NotADatabase { .. }
+                | StoreError::Corrupt { .. }
+                | StoreError::VersionConflict { .. }
+        )
+    }
+
+    pub(crate) fn not_found(what: impl Into<String>) -> Self {
+        StoreError::NotFound { what: what.into() }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Open { path, cause } => write!(
+                f,
+                "cannot open the store at {}: {cause}. Check the path, or choose another with --store or POIMEN_HOME",
+                path.display()
+            ),
+            StoreError::NotADatabase { path, detail } => write!(
+                f,
+                "{} is not a poimen store ({detail}). Nothing was changed; point --store or POIMEN_HOME at a poimen store, or move this file away",
+                path.display()
+            ),
+            StoreError::Corrupt { path, detail } => write!(
+                f,
+                "the store at {} is damaged: {detail}. Nothing was changed; restore it from a backup, or inspect it with `sqlite3 {} 'PRAGMA integrity_check'`",
+                path.display(),
+                path.display()
+            ),
+            StoreError::NewerSchema {
+                path,
+                found,
+                supported,
+            } => write!(
+                f,
+                "the store at {} has schema version {found}, newer than the {supported} this poimen supports. Nothing was changed; use a newer poimen with this store",
+                path.display()
+            ),
+            StoreError::Migration {
+                path,
+                version,
+                cause,
+            } => write!(
+                f,
+                "upgrading the store at {} to schema version {version} failed: {cause}. The upgrade was rolled back and the store is unchanged",
+                path.display()
+            ),
+            StoreError::VersionHashMismatch { claimed, actual } => write!(
+                f,
+                "refused to publish: the canonical bytes hash to {actual}, not to the claimed {claimed}. Recompute the version from the bytes"
+            ),
+            StoreError::VersionConflict { version, detail } => write!(
+                f,
+                "version {version} is already stored with different content ({detail}). A version names its bytes, so this is corruption or a bug; the stored record was not changed"
+            ),
+            StoreError::UnknownParent { parent } => write!(
+                f,
+                "parent version {parent} is not in this store. Publish the parent first, or give no parent"
+            ),
+            StoreError::ParentOfOtherWorkflow {
+                parent,
+                parent_workflow,
+                workflow,
+            } => write!(
+                f,
+                "parent version {parent} belongs to workflow `{parent_workflow}`, not `{workflow}`: a version's parent must be a version of the same workflow"
+            ),
+            StoreError::NotFound { what } => write!(f, "{what} is not in the store"),
+            StoreError::AmbiguousPrefix { prefix, candidates } => {
+                write!(
+                    f,
+                    "{prefix} matches {} versions; give more digits. Candidates:",
+                    candidates.len()
+                )?;
+                for c in candidates {
+                    write!(f, " {c}")?;
+                }
+                Ok(())
+            }
+            StoreError::IdempotencyConflict(c) => {
+                let IdempotencyConflict {
+                    key,
+                    existing_run,
+                    existing_version,
+                    new_version,
+                    existing_input_hash,
+                    new_input_hash,
+                } = &**c;
+                write!(
+                    f,
+                    "idempotency key `{key}` already names run {existing_run} with input {existing_input_hash}"
+                )?;
+                if existing_version != new_version {
+                    write!(f, " of version {existing_version}")?;
+                }
+                write!(f, "; this request has input {new_input_hash}")?;
+                if existing_version != new_version {
+                    write!(f, " of version {new_version}")?;
+                }
+                write!(
+                    f,
+                    ". Use a new key for a different request, or resend the same input"
+                )
+            }
+            StoreError::RunIdConflict { id } => write!(
+                f,
+                "run id {id} is already used by a different run; generate a fresh id"
+            ),
+            StoreError::SequenceConflict { run, expected, got } => write!(
+                f,
+                "run {run}: event sequence {got} does not continue the episode, which expects {expected} next. Another writer may be driving this run; nothing of this commit was written"
+            ),
+            StoreError::IntentOutOfOrder {
+                run,
+                step,
+                iteration,
+                attempt,
+                phase,
+                previous,
+            } => {
+                write!(
+                    f,
+                    "run {run}, step `{step}` (iteration {iteration}, attempt {attempt}): intent phase `{phase}` cannot follow "
+                )?;
+                match previous {
+                    Some(p) => write!(f, "`{p}`")?,
+                    None => f.write_str("nothing (the first phase must be `pending`)")?,
+                }
+                f.write_str("; nothing of this commit was written")
+            }
+            StoreError::JudgmentConflict { id, detail } => {
+                write!(
+                    f,
+                    "judgment {id}: {detail}; nothing of this commit was written"
+                )
+            }
+            StoreError::RunFinal { run, status } => write!(
+                f,
+                "run {run} is {status}, which is final: its status and output cannot change. Start a new run instead"
+            ),
+            StoreError::InvalidCommit { run, detail } => write!(
+                f,
+                "commit for run {run} refused: {detail}; nothing of it was written"
+            ),
+            StoreError::ReadOnly { path, cause } => write!(
+                f,
+                "the store at {} is read-only ({cause}). poimen writes the file and, beside it, its -wal and -shm files; make the file and its directory writable, or choose another store with --store or POIMEN_HOME. Nothing was changed",
+                path.display()
+            ),
+            StoreError::Full { path } => write!(
+                f,
+                "the disk holding the store at {} is full (or the store reached its size limit). The write was rolled back and the store is consistent; free space and retry",
+                path.display()
+            ),
+            StoreError::Busy { path } => write!(
+                f,
+                "the store at {} is locked by another process; retry, or stop the other poimen using it",
+                path.display()
+            ),
+            StoreError::Io { path, detail } => write!(
+                f,
+                "IO error on the store at {}: {detail}. The operation did not complete; check the disk and retry",
+                path.display()
+            ),
+            StoreError::Sqlite {
+                path,
+                code,
+                message,
+            } => write!(
+                f,
+                "SQLite error {code} on the store at {}: {message}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}

@@ -1,0 +1,484 @@
+//! [`MemoryStore`]: the store of `durable: false` workflows, tests and
+//! benchmarks — the same semantics as the SQLite store, kept in a process's
+//! memory and gone with it.
+//!
+//! It enforces every rule of [`Store`] (through `rules`, shared with the
+//! SQLite store) and is run through the same conformance tests. It knows
+//! nothing of durability: [`Durability`](crate::Durability) is accepted and
+//! ignored.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
+
+use crate::error::StoreError;
+use crate::ids::{BlobHash, JudgmentId, RunId};
+use crate::records::{
+    Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
+    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
+    VersionRecord, WorkflowSummary,
+};
+use crate::rules;
+use crate::store::{Store, StoreResult};
+
+/// An in-memory [`Store`].
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+type AttemptKey = (String, u32, u32);
+
+#[derive(Debug, Default)]
+struct State {
+    versions: Vec<VersionRecord>,
+    version_index: HashMap<WorkflowVersion, usize>,
+    blobs: HashMap<BlobHash, Vec<u8>>,
+    runs: Vec<RunRecord>,
+    run_index: HashMap<RunId, usize>,
+    run_keys: HashMap<String, usize>,
+    events: HashMap<RunId, Vec<StoredEvent>>,
+    intents: HashMap<RunId, Vec<IntentRecord>>,
+    /// Last phase per (run, step, iteration, attempt).
+    intent_phase: HashMap<RunId, HashMap<AttemptKey, IntentPhase>>,
+    judgments: Vec<JudgmentRecord>,
+    judgment_index: HashMap<JudgmentId, usize>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock happens before any mutation of a
+        // write (every write validates first, then applies infallibly), so
+        // the state is consistent and may be used.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    fn run_mut(&mut self, id: &RunId) -> Option<&mut RunRecord> {
+        let i = *self.run_index.get(id)?;
+        self.runs.get_mut(i)
+    }
+
+    fn run(&self, id: &RunId) -> Option<&RunRecord> {
+        self.runs.get(*self.run_index.get(id)?)
+    }
+
+    fn version(&self, v: &WorkflowVersion) -> Option<&VersionRecord> {
+        self.versions.get(*self.version_index.get(v)?)
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn publish_version(&self, new: NewVersion) -> StoreResult<PublishOutcome> {
+        rules::check_version_hash(&new)?;
+        let mut s = self.lock();
+        if let Some(stored) = s.version(&new.version) {
+            return rules::republish(stored.clone(), &new);
+        }
+        let parent_workflow = new
+            .parent
+            .and_then(|p| s.version(&p).map(|r| r.workflow_id.clone()));
+        rules::check_parent(&new, parent_workflow)?;
+        let rec = VersionRecord {
+            version: new.version,
+            parent: new.parent,
+            workflow_id: new.workflow_id,
+            canonical: new.canonical,
+            created_at: new.created_at,
+        };
+        let i = s.versions.len();
+        s.version_index.insert(rec.version, i);
+        s.versions.push(rec.clone());
+        Ok(PublishOutcome::Created(rec))
+    }
+
+    async fn version(&self, version: &WorkflowVersion) -> StoreResult<Option<VersionRecord>> {
+        Ok(self.lock().version(version).cloned())
+    }
+
+    async fn resolve_version_prefix(&self, prefix: &VersionPrefix) -> StoreResult<WorkflowVersion> {
+        let s = self.lock();
+        let mut found: Vec<WorkflowVersion> = s
+            .versions
+            .iter()
+            .map(|r| r.version)
+            .filter(|v| prefix.matches(v))
+            .collect();
+        found.sort();
+        match found.len() {
+            0 => Err(StoreError::not_found(format!(
+                "a version starting with {prefix}"
+            ))),
+            1 => Ok(found[0]),
+            _ => {
+                found.truncate(rules::MAX_PREFIX_CANDIDATES);
+                Err(StoreError::AmbiguousPrefix {
+                    prefix: prefix.clone(),
+                    candidates: found,
+                })
+            }
+        }
+    }
+
+    async fn versions_of(&self, workflow: &WorkflowId) -> StoreResult<Vec<VersionRecord>> {
+        Ok(self
+            .lock()
+            .versions
+            .iter()
+            .filter(|r| &r.workflow_id == workflow)
+            .cloned()
+            .collect())
+    }
+
+    async fn latest_version(&self, workflow: &WorkflowId) -> StoreResult<Option<VersionRecord>> {
+        Ok(self
+            .lock()
+            .versions
+            .iter()
+            .rev()
+            .find(|r| &r.workflow_id == workflow)
+            .cloned())
+    }
+
+    async fn workflows(&self) -> StoreResult<Vec<WorkflowSummary>> {
+        let s = self.lock();
+        let mut by_id: BTreeMap<&WorkflowId, (u64, WorkflowVersion)> = BTreeMap::new();
+        for r in &s.versions {
+            let e = by_id.entry(&r.workflow_id).or_insert((0, r.version));
+            e.0 += 1;
+            e.1 = r.version;
+        }
+        Ok(by_id
+            .into_iter()
+            .map(|(id, (n, latest))| WorkflowSummary {
+                workflow_id: id.clone(),
+                versions: n,
+                latest,
+            })
+            .collect())
+    }
+
+    async fn put_blob(&self, bytes: Vec<u8>) -> StoreResult<BlobHash> {
+        let h = BlobHash::of(&bytes);
+        self.lock().blobs.entry(h).or_insert(bytes);
+        Ok(h)
+    }
+
+    async fn blob(&self, hash: &BlobHash) -> StoreResult<Option<Vec<u8>>> {
+        let bytes = self.lock().blobs.get(hash).cloned();
+        bytes
+            .map(|b| rules::verify_blob(hash, b, Path::new(":memory:")))
+            .transpose()
+    }
+
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun> {
+        let input_hash = BlobHash::of(&new.input);
+        let mut s = self.lock();
+        if let Some(existing) = s.run(&new.id) {
+            return rules::recreate(existing.clone(), &new, input_hash);
+        }
+        if let Some(key) = &new.idempotency_key
+            && let Some(&i) = s.run_keys.get(key)
+        {
+            return rules::reuse_key(s.runs[i].clone(), &new, input_hash);
+        }
+        let workflow_id = s
+            .version(&new.version)
+            .map(|v| v.workflow_id.clone())
+            .ok_or_else(|| StoreError::not_found(format!("workflow version {}", new.version)))?;
+        if let Some((parent, _)) = &new.parent
+            && s.run(parent).is_none()
+        {
+            return Err(StoreError::not_found(format!("parent run {parent}")));
+        }
+        let rec = RunRecord {
+            id: new.id.clone(),
+            workflow_id,
+            version: new.version,
+            status: RunStatus::Queued,
+            reason: None,
+            input_hash,
+            output_hash: None,
+            idempotency_key: new.idempotency_key.clone(),
+            parent: new.parent,
+            created_at: new.created_at,
+            updated_at: new.created_at,
+            owner: new.owner,
+        };
+        s.blobs.entry(input_hash).or_insert(new.input);
+        let i = s.runs.len();
+        s.run_index.insert(rec.id.clone(), i);
+        if let Some(key) = new.idempotency_key {
+            s.run_keys.insert(key, i);
+        }
+        s.runs.push(rec.clone());
+        Ok(CreateRun::Created(rec))
+    }
+
+    async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>> {
+        Ok(self.lock().run(id).cloned())
+    }
+
+    async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>> {
+        let s = self.lock();
+        let limit = filter.limit.map_or(usize::MAX, |l| l as usize);
+        Ok(s.runs
+            .iter()
+            .rev()
+            .filter(|r| filter.status.is_none_or(|st| r.status == st))
+            .filter(|r| {
+                filter
+                    .workflow_id
+                    .as_ref()
+                    .is_none_or(|w| &r.workflow_id == w)
+            })
+            .filter(|r| {
+                filter
+                    .parent
+                    .as_ref()
+                    .is_none_or(|p| r.parent.as_ref().is_some_and(|(rp, _)| rp == p))
+            })
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>> {
+        Ok(self
+            .lock()
+            .runs
+            .iter()
+            .filter(|r| r.parent.as_ref().is_some_and(|(p, _)| p == parent))
+            .cloned()
+            .collect())
+    }
+
+    async fn commit(&self, c: Commit) -> StoreResult<()> {
+        rules::check_commit_shape(&c)?;
+        let mut s = self.lock();
+
+        // Validate everything against the stored state plus the batch,
+        // then apply: a refused commit leaves nothing behind.
+        let run = s
+            .run(&c.run)
+            .ok_or_else(|| StoreError::not_found(format!("run {}", c.run)))?;
+        let (status, output) = (run.status, run.output_hash);
+        let next = s.events.get(&c.run).map_or(0, |e| e.len() as u64);
+        rules::check_first_seq(&c, next)?;
+
+        let empty = HashMap::new();
+        let stored_phases = s.intent_phase.get(&c.run).unwrap_or(&empty);
+        let mut batch_phases: HashMap<AttemptKey, IntentPhase> = HashMap::new();
+        for i in &c.intents {
+            let key = (i.step.0.clone(), i.iteration, i.attempt);
+            let prev = batch_phases
+                .get(&key)
+                .or_else(|| stored_phases.get(&key))
+                .copied();
+            if !rules::intent_may_follow(prev, i.phase) {
+                return Err(rules::intent_out_of_order(i, prev));
+            }
+            batch_phases.insert(key, i.phase);
+        }
+
+        let mut opened: HashSet<&JudgmentId> = HashSet::new();
+        let mut answered: HashSet<&JudgmentId> = HashSet::new();
+        for j in &c.judgments {
+            match j {
+                JudgmentWrite::Open { id, .. } => {
+                    if s.judgment_index.contains_key(id) || !opened.insert(id) {
+                        return Err(StoreError::JudgmentConflict {
+                            id: id.clone(),
+                            detail: "a request with this id already exists".into(),
+                        });
+                    }
+                }
+                JudgmentWrite::Answer { id, .. } => {
+                    let stored = s.judgment_index.get(id).map(|&k| &s.judgments[k]);
+                    match stored {
+                        None if !opened.contains(id) => {
+                            return Err(StoreError::not_found(format!("judgment request {id}")));
+                        }
+                        Some(rec) if rec.run != c.run => {
+                            return Err(StoreError::JudgmentConflict {
+                                id: id.clone(),
+                                detail: format!(
+                                    "it belongs to run {}, not to run {}",
+                                    rec.run, c.run
+                                ),
+                            });
+                        }
+                        Some(rec) if rec.status == JudgmentStatus::Answered => {
+                            return Err(answered_twice(id));
+                        }
+                        _ => {}
+                    }
+                    if !answered.insert(id) {
+                        return Err(answered_twice(id));
+                    }
+                }
+            }
+        }
+
+        rules::check_run_update(&c, status, output)?;
+        let batch_blobs: HashSet<BlobHash> = c.blobs.iter().map(|b| BlobHash::of(b)).collect();
+        if let Some(h) = c.run_update.as_ref().and_then(|u| u.output_hash)
+            && !s.blobs.contains_key(&h)
+            && !batch_blobs.contains(&h)
+        {
+            return Err(StoreError::not_found(format!("output blob {h}")));
+        }
+
+        // Apply.
+        let Commit {
+            run: run_id,
+            blobs,
+            events,
+            intents,
+            judgments,
+            run_update,
+            durability: _,
+        } = c;
+        for b in blobs {
+            s.blobs.entry(BlobHash::of(&b)).or_insert(b);
+        }
+        let log = s.events.entry(run_id.clone()).or_default();
+        log.extend(events.into_iter().map(|e| StoredEvent {
+            run: run_id.clone(),
+            seq: e.seq,
+            at: e.at,
+            kind: e.kind,
+            body: e.body,
+        }));
+        s.intent_phase
+            .entry(run_id.clone())
+            .or_default()
+            .extend(batch_phases);
+        s.intents.entry(run_id.clone()).or_default().extend(intents);
+        for j in judgments {
+            match j {
+                JudgmentWrite::Open {
+                    id,
+                    step,
+                    iteration,
+                    request,
+                    request_hash,
+                    at,
+                } => {
+                    let k = s.judgments.len();
+                    s.judgment_index.insert(id.clone(), k);
+                    s.judgments.push(JudgmentRecord {
+                        id,
+                        run: run_id.clone(),
+                        step,
+                        iteration,
+                        request,
+                        request_hash,
+                        status: JudgmentStatus::Open,
+                        result: None,
+                        created_at: at,
+                        answered_at: None,
+                    });
+                }
+                JudgmentWrite::Answer { id, result, at } => {
+                    if let Some(&k) = s.judgment_index.get(&id) {
+                        let rec = &mut s.judgments[k];
+                        rec.status = JudgmentStatus::Answered;
+                        rec.result = Some(result);
+                        rec.answered_at = Some(at);
+                    }
+                }
+            }
+        }
+        if let Some(u) = run_update
+            && let Some(r) = s.run_mut(&run_id)
+        {
+            r.status = u.status;
+            r.reason = u.reason;
+            r.output_hash = u.output_hash;
+            r.updated_at = u.updated_at;
+        }
+        Ok(())
+    }
+
+    async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>> {
+        Ok(self.lock().events.get(run).cloned().unwrap_or_default())
+    }
+
+    async fn events_after(&self, run: &RunId, seq: u64) -> StoreResult<Vec<StoredEvent>> {
+        Ok(self
+            .lock()
+            .events
+            .get(run)
+            .map(|e| e.iter().filter(|e| e.seq > seq).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn intents(&self, run: &RunId) -> StoreResult<Vec<IntentRecord>> {
+        Ok(self.lock().intents.get(run).cloned().unwrap_or_default())
+    }
+
+    async fn judgment(&self, id: &JudgmentId) -> StoreResult<Option<JudgmentRecord>> {
+        let s = self.lock();
+        Ok(s.judgment_index.get(id).map(|&k| s.judgments[k].clone()))
+    }
+
+    async fn open_judgments(&self) -> StoreResult<Vec<JudgmentRecord>> {
+        Ok(self
+            .lock()
+            .judgments
+            .iter()
+            .filter(|j| j.status == JudgmentStatus::Open)
+            .cloned()
+            .collect())
+    }
+
+    async fn claim_run(&self, run: &RunId, owner: &str, _now: i64) -> StoreResult<bool> {
+        let mut s = self.lock();
+        let r = s
+            .run_mut(run)
+            .ok_or_else(|| StoreError::not_found(format!("run {run}")))?;
+        if r.status.is_terminal() || r.owner.as_deref().is_some_and(|o| o != owner) {
+            return Ok(false);
+        }
+        r.owner = Some(owner.to_owned());
+        Ok(true)
+    }
+
+    async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
+        Ok(self
+            .lock()
+            .runs
+            .iter()
+            .filter(|r| !r.status.is_terminal() && r.owner.as_deref() == Some(owner))
+            .cloned()
+            .collect())
+    }
+
+    async fn in_flight_runs(&self) -> StoreResult<Vec<RunRecord>> {
+        Ok(self
+            .lock()
+            .runs
+            .iter()
+            .filter(|r| !r.status.is_terminal())
+            .cloned()
+            .collect())
+    }
+}
+
+fn answered_twice(id: &JudgmentId) -> StoreError {
+    StoreError::JudgmentConflict {
+        id: id.clone(),
+        detail: "the request is already answered".into(),
+    }
+}

@@ -1,0 +1,439 @@
+//! The records the store keeps and the requests that write them.
+//!
+//! Plain data, shared by every backend: versions, runs, episode events,
+//! intents, judgment requests, and the one atomic write, [`Commit`]. This
+//! module knows nothing of SQL or of how the executor builds these values;
+//! the rules the backends enforce on them live in `rules`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use workflow::{EffectClass, StepId, WorkflowId, WorkflowVersion};
+
+use crate::ids::{BlobHash, JudgmentId, RunId};
+
+// ---------------------------------------------------------------- versions
+
+/// One immutable node of the version DAG.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    /// Blake3 of `canonical`.
+    pub version: WorkflowVersion,
+    /// The version this one was derived from, of the same workflow id.
+    pub parent: Option<WorkflowVersion>,
+    pub workflow_id: WorkflowId,
+    /// The canonical JSON bytes of the workflow definition.
+    pub canonical: Vec<u8>,
+    /// Milliseconds since the Unix epoch, as given by the publisher.
+    pub created_at: i64,
+}
+
+/// A version to publish. `version` is the hash the caller claims; the store
+/// recomputes it from `canonical` and refuses a mismatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewVersion {
+    pub version: WorkflowVersion,
+    pub parent: Option<WorkflowVersion>,
+    pub workflow_id: WorkflowId,
+    pub canonical: Vec<u8>,
+    pub created_at: i64,
+}
+
+impl NewVersion {
+    /// A version of `canonical`, hashed here, so the claim is right by construction.
+    pub fn of(
+        workflow_id: WorkflowId,
+        canonical: Vec<u8>,
+        parent: Option<WorkflowVersion>,
+        created_at: i64,
+    ) -> Self {
+        NewVersion {
+            version: WorkflowVersion::of_canonical_bytes(&canonical),
+            parent,
+            workflow_id,
+            canonical,
+            created_at,
+        }
+    }
+}
+
+/// What publishing did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// A new record was written.
+    Created(VersionRecord),
+    /// The same bytes were already published: nothing was written and the
+    /// stored record (parent and `created_at` included) is returned as it is.
+    Existing {
+        record: VersionRecord,
+        /// The parent the caller asked for when it differs from the stored
+        /// one: it was *not* recorded, because records never change.
+        ignored_parent: Option<WorkflowVersion>,
+    },
+}
+
+impl PublishOutcome {
+    /// The stored record.
+    pub fn record(&self) -> &VersionRecord {
+        match self {
+            PublishOutcome::Created(r) | PublishOutcome::Existing { record: r, .. } => r,
+        }
+    }
+
+    /// Whether this call wrote the record.
+    pub fn is_created(&self) -> bool {
+        matches!(self, PublishOutcome::Created(_))
+    }
+}
+
+/// A workflow id and its versions, for listings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowSummary {
+    pub workflow_id: WorkflowId,
+    pub versions: u64,
+    /// The most recently published version.
+    pub latest: WorkflowVersion,
+}
+
+// -------------------------------------------------------------------- runs
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    WaitingJudgment,
+    Blocked,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::WaitingJudgment,
+        RunStatus::Blocked,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+    ];
+
+    /// The snake_case name, as stored and as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::WaitingJudgment => "waiting_judgment",
+            RunStatus::Blocked => "blocked",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// The status named `s`.
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        RunStatus::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Completed, failed or cancelled: the run does no more work by itself.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+
+    /// Completed or cancelled: the store refuses to change the status or
+    /// output of such a run. (`failed` is terminal but not final: an operator
+    /// may retry it.)
+    pub fn is_final(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Cancelled)
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub id: RunId,
+    /// The workflow id of `version`, filled in by the store.
+    pub workflow_id: WorkflowId,
+    pub version: WorkflowVersion,
+    pub status: RunStatus,
+    /// Why the run is blocked, failed or cancelled (free text for people).
+    pub reason: Option<String>,
+    /// Blob of the run's input (canonical JSON bytes).
+    pub input_hash: BlobHash,
+    /// Blob of the run's output, once there is one.
+    pub output_hash: Option<BlobHash>,
+    pub idempotency_key: Option<String>,
+    /// The run and step that started this run as a sub-workflow.
+    pub parent: Option<(RunId, StepId)>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// The host that holds the run's lease.
+    pub owner: Option<String>,
+}
+
+/// A run to create. It starts `queued`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRun {
+    pub id: RunId,
+    /// Must be a published version of this store.
+    pub version: WorkflowVersion,
+    /// The input's bytes (canonical JSON). The store keeps them as a blob in
+    /// the same transaction as the run, so a run's input can always be read
+    /// back; `input_hash` of the record is their Blake3.
+    pub input: Vec<u8>,
+    pub idempotency_key: Option<String>,
+    pub parent: Option<(RunId, StepId)>,
+    /// Claim the run for this host at creation.
+    pub owner: Option<String>,
+    pub created_at: i64,
+}
+
+/// What creating a run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateRun {
+    Created(RunRecord),
+    /// A run with this idempotency key and the same version and input (or
+    /// this very id with the same content) already existed; nothing was written.
+    Existing(RunRecord),
+}
+
+impl CreateRun {
+    /// The stored run.
+    pub fn record(&self) -> &RunRecord {
+        match self {
+            CreateRun::Created(r) | CreateRun::Existing(r) => r,
+        }
+    }
+
+    /// The stored run, by value.
+    pub fn into_record(self) -> RunRecord {
+        match self {
+            CreateRun::Created(r) | CreateRun::Existing(r) => r,
+        }
+    }
+
+    /// Whether this call created the run.
+    pub fn is_created(&self) -> bool {
+        matches!(self, CreateRun::Created(_))
+    }
+}
+
+/// Which runs [`list_runs`](crate::Store::list_runs) returns: every set
+/// field must match. Results are newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub status: Option<RunStatus>,
+    pub workflow_id: Option<WorkflowId>,
+    pub parent: Option<RunId>,
+    pub limit: Option<u32>,
+}
+
+// ------------------------------------------------------------------ events
+
+/// One event of a run's episode, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    pub run: RunId,
+    /// Position in the run's episode: 0, 1, 2, … without gaps.
+    pub seq: u64,
+    pub at: i64,
+    pub kind: String,
+    pub body: Value,
+}
+
+/// An event to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub seq: u64,
+    pub at: i64,
+    pub kind: String,
+    pub body: Value,
+}
+
+// ----------------------------------------------------------------- intents
+
+/// A phase of the write-ahead intent protocol. Each phase is its own row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentPhase {
+    /// The call is announced; nothing has happened outside yet.
+    Pending,
+    /// The guest is about to be called.
+    Dispatched,
+    /// The call returned and its result is recorded.
+    Committed,
+    /// The call failed (or was never made) and the error class is recorded.
+    Failed,
+}
+
+impl IntentPhase {
+    /// The snake_case name, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IntentPhase::Pending => "pending",
+            IntentPhase::Dispatched => "dispatched",
+            IntentPhase::Committed => "committed",
+            IntentPhase::Failed => "failed",
+        }
+    }
+
+    /// The phase named `s`.
+    pub fn parse(s: &str) -> Option<IntentPhase> {
+        [
+            IntentPhase::Pending,
+            IntentPhase::Dispatched,
+            IntentPhase::Committed,
+            IntentPhase::Failed,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+    }
+
+    /// Committed or failed: no phase may follow.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, IntentPhase::Committed | IntentPhase::Failed)
+    }
+}
+
+impl std::fmt::Display for IntentPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One phase of one tool call. Append-only: a later phase is a new record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntentRecord {
+    pub run: RunId,
+    pub step: StepId,
+    pub iteration: u32,
+    pub attempt: u32,
+    pub phase: IntentPhase,
+    pub tool: String,
+    pub tool_version: String,
+    /// The component's digest.
+    pub digest: String,
+    pub effect: EffectClass,
+    pub args_hash: String,
+    pub idempotency_key: String,
+    pub output_hash: Option<String>,
+    pub error: Option<String>,
+    /// The sandbox's hostcall record.
+    pub record: Option<Value>,
+    pub at: i64,
+}
+
+// --------------------------------------------------------------- judgments
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgmentStatus {
+    Open,
+    Answered,
+}
+
+/// A judgment request and, once given, its answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JudgmentRecord {
+    pub id: JudgmentId,
+    pub run: RunId,
+    pub step: StepId,
+    pub iteration: u32,
+    /// The immutable request.
+    pub request: Value,
+    pub request_hash: String,
+    pub status: JudgmentStatus,
+    pub result: Option<Value>,
+    pub created_at: i64,
+    pub answered_at: Option<i64>,
+}
+
+/// A judgment write inside a [`Commit`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum JudgmentWrite {
+    /// Record a new request for the commit's run.
+    Open {
+        id: JudgmentId,
+        step: StepId,
+        iteration: u32,
+        request: Value,
+        request_hash: String,
+        at: i64,
+    },
+    /// Record the answer to an open request of the commit's run. A request is
+    /// answered once; the engine validates the answer before it writes it.
+    Answer {
+        id: JudgmentId,
+        result: Value,
+        at: i64,
+    },
+}
+
+// ------------------------------------------------------------------ commit
+
+/// How durable a [`Commit`] is when `commit` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Durability {
+    /// On stable storage (fsynced): survives a power loss.
+    #[default]
+    Sync,
+    /// Written and ordered but not fsynced: survives a process crash
+    /// (SIGKILL), not a power loss. A later `Sync` commit makes it, and
+    /// everything before it, durable.
+    Buffered,
+}
+
+/// The new status of a run. The status, reason and output hash become these
+/// values (a `None` clears the field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunUpdate {
+    pub status: RunStatus,
+    pub reason: Option<String>,
+    /// Must name a stored blob or one in the same commit.
+    pub output_hash: Option<BlobHash>,
+    pub updated_at: i64,
+}
+
+/// The store's one write path for a run's progress: everything in it is
+/// written in one transaction, or nothing is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    pub run: RunId,
+    /// Blobs the rest of the commit refers to (prompts, outputs).
+    pub blobs: Vec<Vec<u8>>,
+    /// Appended to the episode; `seq`s continue exactly from the last stored one.
+    pub events: Vec<NewEvent>,
+    /// Appended in order; every record's `run` must be the commit's run.
+    pub intents: Vec<IntentRecord>,
+    pub judgments: Vec<JudgmentWrite>,
+    pub run_update: Option<RunUpdate>,
+    pub durability: Durability,
+}
+
+impl Commit {
+    /// An empty, `Sync` commit for `run`.
+    pub fn new(run: RunId) -> Self {
+        Commit {
+            run,
+            blobs: Vec::new(),
+            events: Vec::new(),
+            intents: Vec::new(),
+            judgments: Vec::new(),
+            run_update: None,
+            durability: Durability::Sync,
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The rules every backend enforces, written once.
+//!
+//! Each function decides one question from values a backend has already
+//! read (the stored record, the last intent phase, the next sequence
+//! number), so SQLite, memory and a later PostgreSQL backend cannot drift
+//! apart. Nothing here reads or writes storage.
+
+use std::path::Path;
+
+use crate::error::{IdempotencyConflict, StoreError};
+use crate::ids::BlobHash;
+use crate::records::{
+    Commit, CreateRun, IntentPhase, IntentRecord, NewRun, NewVersion, PublishOutcome, RunRecord,
+    RunStatus, VersionRecord,
+};
+use workflow::{WorkflowId, WorkflowVersion};
+
+/// Most candidates an ambiguous-prefix error lists.
+pub(crate) const MAX_PREFIX_CANDIDATES: usize = 20;
+
+/// The claimed version must be the hash of the bytes.
+pub(crate) fn check_version_hash(new: &NewVersion) -> Result<(), StoreError> {
+    let actual = WorkflowVersion::of_canonical_bytes(&new.canonical);
+    if actual != new.version {
+        return Err(StoreError::VersionHashMismatch {
+            claimed: new.version,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Publishing `new` when `stored` already holds its version.
+pub(crate) fn republish(
+    stored: VersionRecord,
+    new: &NewVersion,
+) -> Result<PublishOutcome, StoreError> {
+    if stored.canonical != new.canonical {
+        return Err(StoreError::VersionConflict {
+            version: new.version,
+            detail: format!(
+                "the store holds {} bytes that hash to {}, the offered {} bytes hash to the version",
+                stored.canonical.len(),
+                WorkflowVersion::of_canonical_bytes(&stored.canonical),
+                new.canonical.len()
+            ),
+        });
+    }
+    if stored.workflow_id != new.workflow_id {
+        return Err(StoreError::VersionConflict {
+            version: new.version,
+            detail: format!(
+                "stored as workflow `{}`, offered as workflow `{}`",
+                stored.workflow_id, new.workflow_id
+            ),
+        });
+    }
+    let ignored_parent = match new.parent {
+        Some(p) if stored.parent != Some(p) => Some(p),
+        _ => None,
+    };
+    Ok(PublishOutcome::Existing {
+        record: stored,
+        ignored_parent,
+    })
+}
+
+/// The parent of `new`, whose workflow id is `parent_workflow` (`None` if not stored).
+///
+/// A parent must be a version of the same workflow: the DAG is a workflow's
+/// history, `versions_of` shows it, and a cross-workflow parent would point
+/// out of it. Copying a workflow under a new id starts a new history.
+pub(crate) fn check_parent(
+    new: &NewVersion,
+    parent_workflow: Option<WorkflowId>,
+) -> Result<(), StoreError> {
+    let Some(parent) = new.parent else {
+        return Ok(());
+    };
+    match parent_workflow {
+        None => Err(StoreError::UnknownParent { parent }),
+        Some(w) if w != new.workflow_id => Err(StoreError::ParentOfOtherWorkflow {
+            parent,
+            parent_workflow: w,
+            workflow: new.workflow_id.clone(),
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A version record read back: its bytes must still hash to its name.
+pub(crate) fn verify_version(rec: VersionRecord, path: &Path) -> Result<VersionRecord, StoreError> {
+    let actual = WorkflowVersion::of_canonical_bytes(&rec.canonical);
+    if actual != rec.version {
+        return Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: format!(
+                "the canonical bytes of version {} hash to {actual}",
+                rec.version
+            ),
+        });
+    }
+    Ok(rec)
+}
+
+/// A blob read back: its bytes must still hash to its name.
+pub(crate) fn verify_blob(
+    hash: &BlobHash,
+    bytes: Vec<u8>,
+    path: &Path,
+) -> Result<Vec<u8>, StoreError> {
+    let actual = BlobHash::of(&bytes);
+    if actual != *hash {
+        return Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: format!("blob {hash} holds bytes that hash to {actual}"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Creating `new` when a run with its id already exists.
+pub(crate) fn recreate(
+    existing: RunRecord,
+    new: &NewRun,
+    input_hash: BlobHash,
+) -> Result<CreateRun, StoreError> {
+    let same = existing.version == new.version
+        && existing.input_hash == input_hash
+        && existing.idempotency_key == new.idempotency_key
+        && existing.parent == new.parent;
+    if same {
+        Ok(CreateRun::Existing(existing))
+    } else {
+        Err(StoreError::RunIdConflict { id: new.id.clone() })
+    }
+}
+
+/// Creating `new` when its idempotency key already names `existing`.
+pub(crate) fn reuse_key(
+    existing: RunRecord,
+    new: &NewRun,
+    input_hash: BlobHash,
+) -> Result<CreateRun, StoreError> {
+    if existing.version == new.version && existing.input_hash == input_hash {
+        return Ok(CreateRun::Existing(existing));
+    }
+    Err(StoreError::IdempotencyConflict(Box::new(
+        IdempotencyConflict {
+            key: new.idempotency_key.clone().unwrap_or_default(),
+            existing_run: existing.id,
+            existing_version: existing.version,
+            new_version: new.version,
+            existing_input_hash: existing.input_hash,
+            new_input_hash: input_hash,
+        },
+    )))
+}
+
+/// Whether `next` may follow `previous` for one (run, step, iteration, attempt).
+///
+/// pending → dispatched (again, after a crash: re-dispatch under the same
+/// key) → committed | failed; failed may follow pending directly (the call
+/// was never made). Nothing follows committed or failed.
+pub(crate) fn intent_may_follow(previous: Option<IntentPhase>, next: IntentPhase) -> bool {
+    use IntentPhase::*;
+    matches!(
+        (previous, next),
+        (None, Pending)
+            | (Some(Pending | Dispatched), Dispatched | Failed)
+            | (Some(Dispatched), Committed)
+    )
+}
+
+pub(crate) fn intent_out_of_order(i: &IntentRecord, previous: Option<IntentPhase>) -> StoreError {
+    StoreError::IntentOutOfOrder {
+        run: i.run.clone(),
+        step: i.step.clone(),
+        iteration: i.iteration,
+        attempt: i.attempt,
+        phase: i.phase,
+        previous,
+    }
+}
+
+/// Checks of a commit that need no stored state.
+pub(crate) fn check_commit_shape(c: &Commit) -> Result<(), StoreError> {
+    for i in &c.intents {
+        if i.run != c.run {
+            return Err(StoreError::InvalidCommit {
+                run: c.run.clone(),
+                detail: format!("it carries an intent record of run {}", i.run),
+            });
+        }
+    }
+    for (k, e) in c.events.iter().enumerate() {
+        if k > 0 && e.seq != c.events[k - 1].seq.wrapping_add(1) {
+            return Err(StoreError::SequenceConflict {
+                run: c.run.clone(),
+                expected: c.events[k - 1].seq.wrapping_add(1),
+                got: e.seq,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The commit's first event must be `next`, the run's next sequence number.
+pub(crate) fn check_first_seq(c: &Commit, next: u64) -> Result<(), StoreError> {
+    match c.events.first() {
+        Some(e) if e.seq != next => Err(StoreError::SequenceConflict {
+            run: c.run.clone(),
+            expected: next,
+            got: e.seq,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A run in `current` status may take `update`.
+pub(crate) fn check_run_update(
+    c: &Commit,
+    current: RunStatus,
+    current_output: Option<BlobHash>,
+) -> Result<(), StoreError> {
+    if let Some(u) = &c.run_update
+        && current.is_final()
+        && (u.status != current || u.output_hash != current_output)
+    {
+        return Err(StoreError::RunFinal {
+            run: c.run.clone(),
+            status: current,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,906 @@
+//! The SQL behind each [`Store`](crate::Store) operation, as blocking
+//! functions over one connection (inside the caller's transaction for
+//! writes), and the conversions between rows and records.
+//!
+//! Values read back are parsed strictly: a stored hash, id, status or JSON
+//! text that does not parse is reported as [`StoreError::Corrupt`], never
+//! papered over. This module knows nothing of threads, pools or durability.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::str::FromStr;
+
+use rusqlite::{Connection, OptionalExtension, Row, ToSql, params};
+use serde_json::Value;
+use workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+
+use super::errors::{bad_value, sql_error};
+use crate::error::StoreError;
+use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
+use crate::records::{
+    Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
+    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
+    VersionRecord, WorkflowSummary,
+};
+use crate::rules;
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// `.at(path)`: a rusqlite result as a store result.
+pub(crate) trait At<T> {
+    fn at(self, path: &Path) -> Result<T>;
+}
+
+impl<T> At<T> for rusqlite::Result<T> {
+    fn at(self, path: &Path) -> Result<T> {
+        self.map_err(|e| sql_error(path, e))
+    }
+}
+
+fn parse<T: FromStr>(p: &Path, what: &str, s: &str) -> Result<T> {
+    s.parse().map_err(|_| bad_value(p, what, s))
+}
+
+fn to_i64(p: &Path, what: &str, n: u64) -> Result<i64> {
+    i64::try_from(n).map_err(|_| StoreError::Sqlite {
+        path: p.to_owned(),
+        code: -1,
+        message: format!("{what} {n} is larger than the store can hold"),
+    })
+}
+
+fn to_u32(p: &Path, what: &str, n: i64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| bad_value(p, what, n))
+}
+
+fn json_text(p: &Path, v: &Value) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Sqlite {
+        path: p.to_owned(),
+        code: -1,
+        message: format!("cannot encode JSON: {e}"),
+    })
+}
+
+fn json_value(p: &Path, what: &str, s: &str) -> Result<Value> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
+        path: p.to_owned(),
+        detail: format!("{what} is not valid JSON: {e}"),
+    })
+}
+
+fn effect_name(e: EffectClass) -> &'static str {
+    match e {
+        EffectClass::Pure => "pure",
+        EffectClass::Idempotent => "idempotent",
+        EffectClass::NonIdempotent => "non-idempotent",
+    }
+}
+
+fn parse_effect(p: &Path, s: &str) -> Result<EffectClass> {
+    match s {
+        "pure" => Ok(EffectClass::Pure),
+        "idempotent" => Ok(EffectClass::Idempotent),
+        "non-idempotent" => Ok(EffectClass::NonIdempotent),
+        other => Err(bad_value(p, "effect class", other)),
+    }
+}
+
+fn collect<R, T>(
+    c: &Connection,
+    p: &Path,
+    sql: &str,
+    params: impl rusqlite::Params,
+    row: impl FnMut(&Row<'_>) -> rusqlite::Result<R>,
+    convert: impl Fn(R) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut stmt = c.prepare_cached(sql).at(p)?;
+    let raws: Vec<R> = stmt
+        .query_map(params, row)
+        .and_then(|rows| rows.collect())
+        .at(p)?;
+    raws.into_iter().map(convert).collect()
+}
+
+fn exists(c: &Connection, p: &Path, sql: &str, params: impl rusqlite::Params) -> Result<bool> {
+    c.prepare_cached(sql)
+        .and_then(|mut s| s.exists(params))
+        .at(p)
+}
+
+// ---------------------------------------------------------------- versions
+
+const VERSION_COLS: &str = "version, parent, workflow_id, canonical, created_at";
+
+type RawVersion = (String, Option<String>, String, Vec<u8>, i64);
+
+fn raw_version(r: &Row<'_>) -> rusqlite::Result<RawVersion> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn to_version(p: &Path, raw: RawVersion) -> Result<VersionRecord> {
+    let (version, parent, workflow_id, canonical, created_at) = raw;
+    let rec = VersionRecord {
+        version: parse(p, "version", &version)?,
+        parent: parent.map(|s| parse(p, "parent version", &s)).transpose()?,
+        workflow_id: WorkflowId(workflow_id),
+        canonical,
+        created_at,
+    };
+    rules::verify_version(rec, p)
+}
+
+pub(crate) fn publish_version(c: &Connection, p: &Path, new: NewVersion) -> Result<PublishOutcome> {
+    // The stored record is compared as it is, without re-hashing it first:
+    // different bytes under the version is reported as the conflict it is.
+    let sql = format!("SELECT {VERSION_COLS} FROM versions WHERE version = ?1");
+    let stored = c
+        .prepare_cached(&sql)
+        .and_then(|mut s| {
+            s.query_row([new.version.to_string()], raw_version)
+                .optional()
+        })
+        .at(p)?;
+    if let Some((version, parent, workflow_id, canonical, created_at)) = stored {
+        let stored = VersionRecord {
+            version: parse(p, "version", &version)?,
+            parent: parent.map(|s| parse(p, "parent version", &s)).transpose()?,
+            workflow_id: WorkflowId(workflow_id),
+            canonical,
+            created_at,
+        };
+        return rules::republish(stored, &new);
+    }
+    let parent_workflow = match new.parent {
+        None => None,
+        Some(parent) => c
+            .prepare_cached("SELECT workflow_id FROM versions WHERE version = ?1")
+            .and_then(|mut s| {
+                s.query_row([parent.to_string()], |r| r.get::<_, String>(0))
+                    .optional()
+            })
+            .at(p)?
+            .map(WorkflowId),
+    };
+    rules::check_parent(&new, parent_workflow)?;
+    c.prepare_cached(
+        "INSERT INTO versions (version, parent, workflow_id, canonical, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            new.version.to_string(),
+            new.parent.map(|v| v.to_string()),
+            new.workflow_id.as_str(),
+            new.canonical,
+            new.created_at
+        ])
+    })
+    .at(p)?;
+    Ok(PublishOutcome::Created(VersionRecord {
+        version: new.version,
+        parent: new.parent,
+        workflow_id: new.workflow_id,
+        canonical: new.canonical,
+        created_at: new.created_at,
+    }))
+}
+
+pub(crate) fn version(
+    c: &Connection,
+    p: &Path,
+    v: &WorkflowVersion,
+) -> Result<Option<VersionRecord>> {
+    let sql = format!("SELECT {VERSION_COLS} FROM versions WHERE version = ?1");
+    let raw = c
+        .prepare_cached(&sql)
+        .and_then(|mut s| s.query_row([v.to_string()], raw_version).optional())
+        .at(p)?;
+    raw.map(|r| to_version(p, r)).transpose()
+}
+
+pub(crate) fn resolve_prefix(
+    c: &Connection,
+    p: &Path,
+    prefix: &VersionPrefix,
+) -> Result<WorkflowVersion> {
+    // Hex digits sort below `g`, so [prefix, prefix + "g") is exactly the
+    // versions that start with the prefix, and the unique index serves it.
+    let low = format!("{HASH_PREFIX}{}", prefix.hex());
+    let high = format!("{low}g");
+    let found = collect(
+        c,
+        p,
+        "SELECT version FROM versions WHERE version >= ?1 AND version < ?2
+         ORDER BY version LIMIT ?3",
+        params![low, high, rules::MAX_PREFIX_CANDIDATES as i64],
+        |r| r.get::<_, String>(0),
+        |s| parse::<WorkflowVersion>(p, "version", &s),
+    )?;
+    match found.len() {
+        0 => Err(StoreError::not_found(format!(
+            "a version starting with {prefix}"
+        ))),
+        1 => Ok(found[0]),
+        _ => Err(StoreError::AmbiguousPrefix {
+            prefix: prefix.clone(),
+            candidates: found,
+        }),
+    }
+}
+
+pub(crate) fn versions_of(c: &Connection, p: &Path, w: &WorkflowId) -> Result<Vec<VersionRecord>> {
+    let sql = format!("SELECT {VERSION_COLS} FROM versions WHERE workflow_id = ?1 ORDER BY seq");
+    collect(c, p, &sql, [w.as_str()], raw_version, |r| to_version(p, r))
+}
+
+pub(crate) fn latest_version(
+    c: &Connection,
+    p: &Path,
+    w: &WorkflowId,
+) -> Result<Option<VersionRecord>> {
+    let sql = format!(
+        "SELECT {VERSION_COLS} FROM versions WHERE workflow_id = ?1 ORDER BY seq DESC LIMIT 1"
+    );
+    let raw = c
+        .prepare_cached(&sql)
+        .and_then(|mut s| s.query_row([w.as_str()], raw_version).optional())
+        .at(p)?;
+    raw.map(|r| to_version(p, r)).transpose()
+}
+
+pub(crate) fn workflows(c: &Connection, p: &Path) -> Result<Vec<WorkflowSummary>> {
+    collect(
+        c,
+        p,
+        "SELECT workflow_id, count(*),
+                (SELECT l.version FROM versions l WHERE l.workflow_id = v.workflow_id
+                 ORDER BY l.seq DESC LIMIT 1)
+         FROM versions v GROUP BY workflow_id ORDER BY workflow_id",
+        [],
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        },
+        |(w, n, latest)| {
+            Ok(WorkflowSummary {
+                workflow_id: WorkflowId(w),
+                versions: n.unsigned_abs(),
+                latest: parse(p, "version", &latest)?,
+            })
+        },
+    )
+}
+
+// ------------------------------------------------------------------- blobs
+
+pub(crate) fn put_blob(c: &Connection, p: &Path, bytes: &[u8]) -> Result<BlobHash> {
+    let h = BlobHash::of(bytes);
+    c.prepare_cached(
+        "INSERT INTO blobs (hash, size, bytes) VALUES (?1, ?2, ?3) ON CONFLICT (hash) DO NOTHING",
+    )
+    .and_then(|mut s| s.execute(params![h.to_string(), bytes.len() as i64, bytes]))
+    .at(p)?;
+    Ok(h)
+}
+
+fn blob_exists(c: &Connection, p: &Path, h: &BlobHash) -> Result<bool> {
+    exists(c, p, "SELECT 1 FROM blobs WHERE hash = ?1", [h.to_string()])
+}
+
+pub(crate) fn blob(c: &Connection, p: &Path, h: &BlobHash) -> Result<Option<Vec<u8>>> {
+    let bytes = c
+        .prepare_cached("SELECT bytes FROM blobs WHERE hash = ?1")
+        .and_then(|mut s| {
+            s.query_row([h.to_string()], |r| r.get::<_, Vec<u8>>(0))
+                .optional()
+        })
+        .at(p)?;
+    bytes.map(|b| rules::verify_blob(h, b, p)).transpose()
+}
+
+// -------------------------------------------------------------------- runs
+
+const RUN_COLS: &str = "id, workflow_id, version, status, reason, input_hash, output_hash, \
+                        idempotency_key, parent_run, parent_step, created_at, updated_at, owner";
+
+struct RawRun {
+    id: String,
+    workflow_id: String,
+    version: String,
+    status: String,
+    reason: Option<String>,
+    input_hash: String,
+    output_hash: Option<String>,
+    idempotency_key: Option<String>,
+    parent_run: Option<String>,
+    parent_step: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    owner: Option<String>,
+}
+
+fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
+    Ok(RawRun {
+        id: r.get(0)?,
+        workflow_id: r.get(1)?,
+        version: r.get(2)?,
+        status: r.get(3)?,
+        reason: r.get(4)?,
+        input_hash: r.get(5)?,
+        output_hash: r.get(6)?,
+        idempotency_key: r.get(7)?,
+        parent_run: r.get(8)?,
+        parent_step: r.get(9)?,
+        created_at: r.get(10)?,
+        updated_at: r.get(11)?,
+        owner: r.get(12)?,
+    })
+}
+
+fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
+    let parent = match (r.parent_run, r.parent_step) {
+        (Some(run), Some(step)) => Some((parse(p, "parent run id", &run)?, StepId(step))),
+        _ => None,
+    };
+    Ok(RunRecord {
+        id: parse(p, "run id", &r.id)?,
+        workflow_id: WorkflowId(r.workflow_id),
+        version: parse(p, "version", &r.version)?,
+        status: RunStatus::parse(&r.status).ok_or_else(|| bad_value(p, "run status", &r.status))?,
+        reason: r.reason,
+        input_hash: parse(p, "input hash", &r.input_hash)?,
+        output_hash: r
+            .output_hash
+            .map(|h| parse(p, "output hash", &h))
+            .transpose()?,
+        idempotency_key: r.idempotency_key,
+        parent,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        owner: r.owner,
+    })
+}
+
+fn runs_where(
+    c: &Connection,
+    p: &Path,
+    clause: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<RunRecord>> {
+    let sql = format!("SELECT {RUN_COLS} FROM runs WHERE {clause}");
+    collect(c, p, &sql, params, raw_run, |r| to_run(p, r))
+}
+
+fn one_run(c: &Connection, p: &Path, clause: &str, param: &str) -> Result<Option<RunRecord>> {
+    Ok(runs_where(c, p, clause, [param])?.into_iter().next())
+}
+
+pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<CreateRun> {
+    let input_hash = BlobHash::of(&new.input);
+    if let Some(existing) = one_run(c, p, "id = ?1", new.id.as_str())? {
+        return rules::recreate(existing, &new, input_hash);
+    }
+    if let Some(key) = &new.idempotency_key
+        && let Some(existing) = one_run(c, p, "idempotency_key = ?1", key)?
+    {
+        return rules::reuse_key(existing, &new, input_hash);
+    }
+    let workflow_id = c
+        .prepare_cached("SELECT workflow_id FROM versions WHERE version = ?1")
+        .and_then(|mut s| {
+            s.query_row([new.version.to_string()], |r| r.get::<_, String>(0))
+                .optional()
+        })
+        .at(p)?
+        .map(WorkflowId)
+        .ok_or_else(|| StoreError::not_found(format!("workflow version {}", new.version)))?;
+    if let Some((parent, _)) = &new.parent
+        && !exists(c, p, "SELECT 1 FROM runs WHERE id = ?1", [parent.as_str()])?
+    {
+        return Err(StoreError::not_found(format!("parent run {parent}")));
+    }
+    put_blob(c, p, &new.input)?;
+    c.prepare_cached(
+        "INSERT INTO runs (id, workflow_id, version, status, input_hash, idempotency_key,
+                           parent_run, parent_step, created_at, updated_at, owner, claimed_at)
+         VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?8, ?9, CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            new.id.as_str(),
+            workflow_id.as_str(),
+            new.version.to_string(),
+            input_hash.to_string(),
+            new.idempotency_key,
+            new.parent.as_ref().map(|(r, _)| r.as_str()),
+            new.parent.as_ref().map(|(_, s)| s.as_str()),
+            new.created_at,
+            new.owner,
+        ])
+    })
+    .at(p)?;
+    Ok(CreateRun::Created(RunRecord {
+        id: new.id,
+        workflow_id,
+        version: new.version,
+        status: RunStatus::Queued,
+        reason: None,
+        input_hash,
+        output_hash: None,
+        idempotency_key: new.idempotency_key,
+        parent: new.parent,
+        created_at: new.created_at,
+        updated_at: new.created_at,
+        owner: new.owner,
+    }))
+}
+
+pub(crate) fn run(c: &Connection, p: &Path, id: &RunId) -> Result<Option<RunRecord>> {
+    one_run(c, p, "id = ?1", id.as_str())
+}
+
+pub(crate) fn list_runs(c: &Connection, p: &Path, f: &RunFilter) -> Result<Vec<RunRecord>> {
+    let status = f.status.map(RunStatus::as_str);
+    let workflow = f.workflow_id.as_ref().map(WorkflowId::as_str);
+    let parent = f.parent.as_ref().map(RunId::as_str);
+    let limit: i64 = f.limit.map_or(-1, i64::from);
+    let args: [&dyn ToSql; 4] = [&status, &workflow, &parent, &limit];
+    runs_where(
+        c,
+        p,
+        "(?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow_id = ?2)
+         AND (?3 IS NULL OR parent_run = ?3) ORDER BY seq DESC LIMIT ?4",
+        &args[..],
+    )
+}
+
+pub(crate) fn children(c: &Connection, p: &Path, parent: &RunId) -> Result<Vec<RunRecord>> {
+    runs_where(c, p, "parent_run = ?1 ORDER BY seq", [parent.as_str()])
+}
+
+const IN_FLIGHT: &str = "status IN ('queued', 'running', 'waiting_judgment', 'blocked')";
+
+pub(crate) fn in_flight_runs(c: &Connection, p: &Path) -> Result<Vec<RunRecord>> {
+    runs_where(c, p, &format!("{IN_FLIGHT} ORDER BY seq"), [])
+}
+
+pub(crate) fn runs_owned_by(c: &Connection, p: &Path, owner: &str) -> Result<Vec<RunRecord>> {
+    runs_where(
+        c,
+        p,
+        &format!("owner = ?1 AND {IN_FLIGHT} ORDER BY seq"),
+        [owner],
+    )
+}
+
+pub(crate) fn claim_run(
+    c: &Connection,
+    p: &Path,
+    run: &RunId,
+    owner: &str,
+    now: i64,
+) -> Result<bool> {
+    let changed = c
+        .prepare_cached(&format!(
+            "UPDATE runs SET owner = ?2, claimed_at = ?3
+             WHERE id = ?1 AND {IN_FLIGHT} AND (owner IS NULL OR owner = ?2)"
+        ))
+        .and_then(|mut s| s.execute(params![run.as_str(), owner, now]))
+        .at(p)?;
+    if changed == 1 {
+        return Ok(true);
+    }
+    if !exists(c, p, "SELECT 1 FROM runs WHERE id = ?1", [run.as_str()])? {
+        return Err(StoreError::not_found(format!("run {run}")));
+    }
+    Ok(false)
+}
+
+// ------------------------------------------------------------------ commit
+
+type AttemptKey = (String, u32, u32);
+
+fn last_phase(
+    c: &Connection,
+    p: &Path,
+    run: &RunId,
+    key: &AttemptKey,
+) -> Result<Option<IntentPhase>> {
+    let phase = c
+        .prepare_cached(
+            "SELECT phase FROM intents WHERE run = ?1 AND step = ?2 AND iteration = ?3
+             AND attempt = ?4 ORDER BY id DESC LIMIT 1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![run.as_str(), key.0, key.1, key.2], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()
+        })
+        .at(p)?;
+    phase
+        .map(|s| IntentPhase::parse(&s).ok_or_else(|| bad_value(p, "intent phase", &s)))
+        .transpose()
+}
+
+/// Validates and writes a commit inside the caller's transaction. Any error
+/// leaves the transaction to be rolled back.
+pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
+    let run = &commit.run;
+    let (status, output) = c
+        .prepare_cached("SELECT status, output_hash FROM runs WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row([run.as_str()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+            })
+            .optional()
+        })
+        .at(p)?
+        .ok_or_else(|| StoreError::not_found(format!("run {run}")))?;
+    let status = RunStatus::parse(&status).ok_or_else(|| bad_value(p, "run status", &status))?;
+    let output: Option<BlobHash> = output.map(|h| parse(p, "output hash", &h)).transpose()?;
+
+    let next: i64 = c
+        .prepare_cached("SELECT coalesce(max(seq) + 1, 0) FROM events WHERE run = ?1")
+        .and_then(|mut s| s.query_row([run.as_str()], |r| r.get(0)))
+        .at(p)?;
+    rules::check_first_seq(&commit, next.unsigned_abs())?;
+
+    let mut phases: HashMap<AttemptKey, IntentPhase> = HashMap::new();
+    for i in &commit.intents {
+        let key = (i.step.0.clone(), i.iteration, i.attempt);
+        let prev = match phases.get(&key) {
+            Some(ph) => Some(*ph),
+            None => last_phase(c, p, run, &key)?,
+        };
+        if !rules::intent_may_follow(prev, i.phase) {
+            return Err(rules::intent_out_of_order(i, prev));
+        }
+        phases.insert(key, i.phase);
+    }
+
+    let mut opened: HashSet<&JudgmentId> = HashSet::new();
+    let mut answered: HashSet<&JudgmentId> = HashSet::new();
+    for j in &commit.judgments {
+        match j {
+            JudgmentWrite::Open { id, .. } => {
+                let stored = exists(c, p, "SELECT 1 FROM judgments WHERE id = ?1", [id.as_str()])?;
+                if stored || !opened.insert(id) {
+                    return Err(StoreError::JudgmentConflict {
+                        id: id.clone(),
+                        detail: "a request with this id already exists".into(),
+                    });
+                }
+            }
+            JudgmentWrite::Answer { id, .. } => {
+                let stored = c
+                    .prepare_cached(
+                        "SELECT j.run, a.judgment IS NOT NULL FROM judgments j
+                         LEFT JOIN judgment_answers a ON a.judgment = j.id WHERE j.id = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row([id.as_str()], |r| {
+                            Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
+                        })
+                        .optional()
+                    })
+                    .at(p)?;
+                match stored {
+                    None if !opened.contains(id) => {
+                        return Err(StoreError::not_found(format!("judgment request {id}")));
+                    }
+                    Some((owner, _)) if owner != run.as_str() => {
+                        return Err(StoreError::JudgmentConflict {
+                            id: id.clone(),
+                            detail: format!("it belongs to run {owner}, not to run {run}"),
+                        });
+                    }
+                    Some((_, true)) => return Err(answered_twice(id)),
+                    _ => {}
+                }
+                if !answered.insert(id) {
+                    return Err(answered_twice(id));
+                }
+            }
+        }
+    }
+
+    rules::check_run_update(&commit, status, output)?;
+
+    // Every check passed: write.
+    for b in &commit.blobs {
+        put_blob(c, p, b)?;
+    }
+    if let Some(h) = commit.run_update.as_ref().and_then(|u| u.output_hash)
+        && !blob_exists(c, p, &h)?
+    {
+        return Err(StoreError::not_found(format!("output blob {h}")));
+    }
+    {
+        let mut ins = c
+            .prepare_cached(
+                "INSERT INTO events (run, seq, at, kind, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .at(p)?;
+        for e in &commit.events {
+            ins.execute(params![
+                run.as_str(),
+                to_i64(p, "event seq", e.seq)?,
+                e.at,
+                e.kind,
+                json_text(p, &e.body)?
+            ])
+            .at(p)?;
+        }
+    }
+    {
+        let mut ins = c
+            .prepare_cached(
+                "INSERT INTO intents (run, step, iteration, attempt, phase, tool, tool_version,
+                    digest, effect, args_hash, idempotency_key, output_hash, error, record, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            )
+            .at(p)?;
+        for i in &commit.intents {
+            let record = i.record.as_ref().map(|v| json_text(p, v)).transpose()?;
+            ins.execute(params![
+                run.as_str(),
+                i.step.as_str(),
+                i.iteration,
+                i.attempt,
+                i.phase.as_str(),
+                i.tool,
+                i.tool_version,
+                i.digest,
+                effect_name(i.effect),
+                i.args_hash,
+                i.idempotency_key,
+                i.output_hash,
+                i.error,
+                record,
+                i.at
+            ])
+            .at(p)?;
+        }
+    }
+    for j in &commit.judgments {
+        match j {
+            JudgmentWrite::Open {
+                id,
+                step,
+                iteration,
+                request,
+                request_hash,
+                at,
+            } => {
+                let request = json_text(p, request)?;
+                c.prepare_cached(
+                    "INSERT INTO judgments (id, run, step, iteration, request, request_hash, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        id.as_str(),
+                        run.as_str(),
+                        step.as_str(),
+                        iteration,
+                        request,
+                        request_hash,
+                        at
+                    ])
+                })
+                .at(p)?
+            }
+            JudgmentWrite::Answer { id, result, at } => {
+                let result = json_text(p, result)?;
+                c.prepare_cached(
+                    "INSERT INTO judgment_answers (judgment, result, answered_at) VALUES (?1, ?2, ?3)",
+                )
+                .and_then(|mut s| s.execute(params![id.as_str(), result, at]))
+                .at(p)?
+            }
+        };
+    }
+    if let Some(u) = &commit.run_update {
+        c.prepare_cached(
+            "UPDATE runs SET status = ?2, reason = ?3, output_hash = ?4, updated_at = ?5 WHERE id = ?1",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                run.as_str(),
+                u.status.as_str(),
+                u.reason,
+                u.output_hash.map(|h| h.to_string()),
+                u.updated_at
+            ])
+        })
+        .at(p)?;
+    }
+    Ok(())
+}
+
+fn answered_twice(id: &JudgmentId) -> StoreError {
+    StoreError::JudgmentConflict {
+        id: id.clone(),
+        detail: "the request is already answered".into(),
+    }
+}
+
+// ------------------------------------------------------------------- reads
+
+pub(crate) fn events(
+    c: &Connection,
+    p: &Path,
+    run: &RunId,
+    after: Option<u64>,
+) -> Result<Vec<StoredEvent>> {
+    let after: i64 = match after {
+        None => -1,
+        Some(s) => i64::try_from(s).unwrap_or(i64::MAX),
+    };
+    collect(
+        c,
+        p,
+        "SELECT seq, at, kind, body FROM events WHERE run = ?1 AND seq > ?2 ORDER BY seq",
+        params![run.as_str(), after],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        },
+        |(seq, at, kind, body)| {
+            Ok(StoredEvent {
+                run: run.clone(),
+                seq: u64::try_from(seq).map_err(|_| bad_value(p, "event seq", seq))?,
+                at,
+                body: json_value(p, "an event body", &body)?,
+                kind,
+            })
+        },
+    )
+}
+
+struct RawIntent {
+    step: String,
+    iteration: i64,
+    attempt: i64,
+    phase: String,
+    tool: String,
+    tool_version: String,
+    digest: String,
+    effect: String,
+    args_hash: String,
+    idempotency_key: String,
+    output_hash: Option<String>,
+    error: Option<String>,
+    record: Option<String>,
+    at: i64,
+}
+
+pub(crate) fn intents(c: &Connection, p: &Path, run: &RunId) -> Result<Vec<IntentRecord>> {
+    collect(
+        c,
+        p,
+        "SELECT step, iteration, attempt, phase, tool, tool_version, digest, effect, args_hash,
+                idempotency_key, output_hash, error, record, at
+         FROM intents WHERE run = ?1 ORDER BY id",
+        [run.as_str()],
+        |r| {
+            Ok(RawIntent {
+                step: r.get(0)?,
+                iteration: r.get(1)?,
+                attempt: r.get(2)?,
+                phase: r.get(3)?,
+                tool: r.get(4)?,
+                tool_version: r.get(5)?,
+                digest: r.get(6)?,
+                effect: r.get(7)?,
+                args_hash: r.get(8)?,
+                idempotency_key: r.get(9)?,
+                output_hash: r.get(10)?,
+                error: r.get(11)?,
+                record: r.get(12)?,
+                at: r.get(13)?,
+            })
+        },
+        |i| {
+            Ok(IntentRecord {
+                run: run.clone(),
+                step: StepId(i.step),
+                iteration: to_u32(p, "intent iteration", i.iteration)?,
+                attempt: to_u32(p, "intent attempt", i.attempt)?,
+                phase: IntentPhase::parse(&i.phase)
+                    .ok_or_else(|| bad_value(p, "intent phase", &i.phase))?,
+                tool: i.tool,
+                tool_version: i.tool_version,
+                digest: i.digest,
+                effect: parse_effect(p, &i.effect)?,
+                args_hash: i.args_hash,
+                idempotency_key: i.idempotency_key,
+                output_hash: i.output_hash,
+                error: i.error,
+                record: i
+                    .record
+                    .map(|s| json_value(p, "a hostcall record", &s))
+                    .transpose()?,
+                at: i.at,
+            })
+        },
+    )
+}
+
+const JUDGMENT_SELECT: &str = "SELECT j.id, j.run, j.step, j.iteration, j.request, j.request_hash,
+        j.created_at, a.result, a.answered_at
+    FROM judgments j LEFT JOIN judgment_answers a ON a.judgment = j.id";
+
+type RawJudgment = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+);
+
+fn raw_judgment(r: &Row<'_>) -> rusqlite::Result<RawJudgment> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
+    ))
+}
+
+fn to_judgment(p: &Path, raw: RawJudgment) -> Result<JudgmentRecord> {
+    let (id, run, step, iteration, request, request_hash, created_at, result, answered_at) = raw;
+    Ok(JudgmentRecord {
+        id: parse(p, "judgment id", &id)?,
+        run: parse(p, "run id", &run)?,
+        step: StepId(step),
+        iteration: to_u32(p, "judgment iteration", iteration)?,
+        request: json_value(p, "a judgment request", &request)?,
+        request_hash,
+        status: if result.is_some() {
+            JudgmentStatus::Answered
+        } else {
+            JudgmentStatus::Open
+        },
+        result: result
+            .map(|s| json_value(p, "a judgment result", &s))
+            .transpose()?,
+        created_at,
+        answered_at,
+    })
+}
+
+pub(crate) fn judgment(
+    c: &Connection,
+    p: &Path,
+    id: &JudgmentId,
+) -> Result<Option<JudgmentRecord>> {
+    let sql = format!("{JUDGMENT_SELECT} WHERE j.id = ?1");
+    Ok(collect(c, p, &sql, [id.as_str()], raw_judgment, |r| {
+        to_judgment(p, r)
+    })?
+    .into_iter()
+    .next())
+}
+
+pub(crate) fn open_judgments(c: &Connection, p: &Path) -> Result<Vec<JudgmentRecord>> {
+    let sql = format!("{JUDGMENT_SELECT} WHERE a.judgment IS NULL ORDER BY j.seq");
+    collect(c, p, &sql, [], raw_judgment, |r| to_judgment(p, r))
+}

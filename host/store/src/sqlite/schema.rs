@@ -1,0 +1,269 @@
+//! The SQLite store's schema: the ordered list of migrations, and the checks
+//! that decide whether a file may be opened as a store at all.
+//!
+//! A store's schema version is `PRAGMA user_version`; every applied
+//! migration also has a row in `schema_migrations`. A fresh store is built
+//! by running every migration from 0 — the same path an old store takes to
+//! upgrade, so the upgrade path is exercised on every open of a new store.
+//! Migrations are applied in one `IMMEDIATE` transaction: all of them, or
+//! none. This module knows nothing of the records stored in the tables.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::errors::sql_error;
+use crate::error::StoreError;
+
+/// `PRAGMA application_id` of a poimen store: "POIM".
+pub const APPLICATION_ID: i32 = 0x504f_494d;
+
+/// One schema change.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    /// The `user_version` after it.
+    pub version: u32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration, in order. Append only: a released migration never changes.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "versions, blobs, runs, events, intents, judgments",
+    sql: include_str!("schema_v1.sql"),
+}];
+
+/// The schema version this code writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
+
+/// What the header of a file says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    /// An empty SQLite database: a new store.
+    Empty,
+    /// A poimen store at this schema version.
+    Store(u32),
+}
+
+/// Reads the header and decides whether this is a new store, a poimen store
+/// this code can open, or something to refuse.
+pub(crate) fn classify(conn: &Connection, path: &Path) -> Result<FileKind, StoreError> {
+    let app_id: i32 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(|e| sql_error(path, e))?;
+    let user_version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| sql_error(path, e))?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| sql_error(path, e))?;
+    if app_id == 0 && user_version == 0 && objects == 0 {
+        return Ok(FileKind::Empty);
+    }
+    if app_id != APPLICATION_ID {
+        return Err(StoreError::NotADatabase {
+            path: path.to_owned(),
+            detail: format!(
+                "an SQLite database of another application: application_id {app_id:#x}, \
+                 a poimen store has {APPLICATION_ID:#x}"
+            ),
+        });
+    }
+    let found = u32::try_from(user_version).map_err(|_| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail: format!("schema version {user_version} is out of range"),
+    })?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == 0 {
+        return Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: "marked as a poimen store but at schema version 0".into(),
+        });
+    }
+    Ok(FileKind::Store(found))
+}
+
+/// `PRAGMA quick_check`: structure of every page and index. O(size of the
+/// store); catches truncation and most torn or overwritten pages. It cannot
+/// see a flipped bit inside a value: blobs and versions are re-hashed on read
+/// for that.
+pub(crate) fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mut stmt = conn
+        .prepare("PRAGMA quick_check(10)")
+        .map_err(|e| sql_error(path, e))?;
+    let problems: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| sql_error(path, e))?;
+    if problems.len() == 1 && problems[0] == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt {
+        path: path.to_owned(),
+        detail: format!("SQLite's quick_check failed: {}", problems.join("; ")),
+    })
+}
+
+/// Applies every migration of `migrations` above the store's version, in one
+/// transaction. Returns the version before.
+pub(crate) fn migrate(
+    conn: &mut Connection,
+    path: &Path,
+    migrations: &[Migration],
+) -> Result<u32, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| sql_error(path, e))?;
+    // Read again under the write lock: another process may have migrated
+    // since `classify` looked.
+    let before: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| sql_error(path, e))?;
+    let before = u32::try_from(before).unwrap_or(u32::MAX);
+    let target = migrations.last().map_or(0, |m| m.version);
+    if before > target {
+        return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found: before,
+            supported: target,
+        });
+    }
+    let failed = |version: u32, e: rusqlite::Error| match sql_error(path, e) {
+        StoreError::Sqlite { message, .. } => StoreError::Migration {
+            path: path.to_owned(),
+            version,
+            cause: message,
+        },
+        specific => specific,
+    };
+    for m in migrations.iter().filter(|m| m.version > before) {
+        tx.execute_batch(m.sql).map_err(|e| failed(m.version, e))?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES (?1, ?2)",
+            (m.version, m.name),
+        )
+        .map_err(|e| failed(m.version, e))?;
+    }
+    if target > before {
+        tx.pragma_update(None, "user_version", target)
+            .map_err(|e| failed(target, e))?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(|e| failed(target, e))?;
+    }
+    tx.commit().map_err(|e| failed(target, e))?;
+    Ok(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema_of(conn: &Connection) -> Vec<(String, String, Option<String>)> {
+        let mut stmt = conn
+            .prepare(
+                "SELECT type, name, sql FROM sqlite_schema
+                 WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+            )
+            .expect("prepare");
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    }
+
+    /// Migration 1 is released: it must build exactly the schema of the
+    /// version-1 fixture that stores on disk were made with.
+    #[test]
+    fn migration_one_is_frozen() {
+        let mut fresh = Connection::open_in_memory().expect("open");
+        migrate(&mut fresh, Path::new(":memory:"), &MIGRATIONS[..1]).expect("migrate");
+        let fixture = Connection::open_in_memory().expect("open");
+        fixture
+            .execute_batch(include_str!("../../tests/fixtures/store_v1.sql"))
+            .expect("load fixture");
+        assert_eq!(schema_of(&fresh), schema_of(&fixture));
+    }
+
+    const V2: Migration = Migration {
+        version: 2,
+        name: "test: add a column",
+        sql: "ALTER TABLE runs ADD COLUMN note TEXT;",
+    };
+
+    const BROKEN: Migration = Migration {
+        version: 2,
+        name: "test: broken",
+        sql: "CREATE TABLE t2 (x INTEGER); THIS IS NOT SQL;",
+    };
+
+    fn version_of(conn: &Connection) -> i64 {
+        conn.pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("user_version")
+    }
+
+    #[test]
+    fn migrations_apply_in_order_and_record_themselves() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        let p = Path::new(":memory:");
+        assert_eq!(migrate(&mut conn, p, &MIGRATIONS[..1]).expect("v1"), 0);
+        assert_eq!(version_of(&conn), 1);
+        let list = [MIGRATIONS[0], V2];
+        assert_eq!(migrate(&mut conn, p, &list).expect("v2"), 1);
+        assert_eq!(version_of(&conn), 2);
+        conn.prepare("SELECT note FROM runs")
+            .expect("the column was added");
+        let applied: Vec<i64> = conn
+            .prepare("SELECT version FROM schema_migrations ORDER BY version")
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(applied, vec![1, 2]);
+        // Nothing left to do: a no-op.
+        assert_eq!(migrate(&mut conn, p, &list).expect("again"), 2);
+        // An older binary refuses the newer store.
+        let err = migrate(&mut conn, p, &MIGRATIONS[..1]).expect_err("newer");
+        assert!(
+            matches!(
+                err,
+                StoreError::NewerSchema {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_failing_migration_leaves_the_store_at_its_version() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        let p = Path::new(":memory:");
+        migrate(&mut conn, p, &MIGRATIONS[..1]).expect("v1");
+        let err = migrate(&mut conn, p, &[MIGRATIONS[0], BROKEN]).expect_err("broken");
+        assert!(
+            matches!(err, StoreError::Migration { version: 2, .. }),
+            "{err:?}"
+        );
+        assert_eq!(version_of(&conn), 1);
+        let t2: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name = 't2'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("count");
+        assert_eq!(t2, 0, "the half-applied migration was rolled back");
+    }
+}

@@ -1,0 +1,128 @@
+//! The [`Store`] trait: everything the executor and the CLI keep.
+//!
+//! The trait is the contract every backend meets (SQLite now, PostgreSQL
+//! later; the in-memory store for ephemeral runs): the conformance tests in
+//! `tests/it_store.rs` run against each. It knows nothing of how rows are
+//! laid out, and nothing of the executor's walk: the store records and checks
+//! what it is given; it never reads the clock or a random source (callers
+//! pass timestamps, in milliseconds since the Unix epoch, and ids).
+//!
+//! Point look-ups return `Ok(None)` for "not there"; operations that need a
+//! thing to exist return [`StoreError::NotFound`] naming it.
+
+use async_trait::async_trait;
+use workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
+
+use crate::error::StoreError;
+use crate::ids::{BlobHash, JudgmentId, RunId};
+use crate::records::{
+    Commit, CreateRun, IntentRecord, JudgmentRecord, NewRun, NewVersion, PublishOutcome, RunFilter,
+    RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+};
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Storage of versions, blobs, runs, episodes, intents, judgment requests and
+/// leases. Object-safe: the executor holds an `Arc<dyn Store>`.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    // ------------------------------------------------------------ versions
+
+    /// Publishes a version of the DAG. Checks that `blake3(canonical)` is the
+    /// claimed version ([`StoreError::VersionHashMismatch`]). The same bytes
+    /// again are a no-op returning the stored record
+    /// ([`PublishOutcome::Existing`], which says when a different parent was
+    /// asked for and ignored); different bytes under a stored version are
+    /// refused as corruption ([`StoreError::VersionConflict`]). A parent must
+    /// be stored ([`StoreError::UnknownParent`]) and be a version of the same
+    /// workflow id ([`StoreError::ParentOfOtherWorkflow`]). Always durable
+    /// when it returns.
+    async fn publish_version(&self, new: NewVersion) -> StoreResult<PublishOutcome>;
+
+    /// The record of `version`. Its bytes are re-hashed on read: a mismatch
+    /// is [`StoreError::Corrupt`].
+    async fn version(&self, version: &WorkflowVersion) -> StoreResult<Option<VersionRecord>>;
+
+    /// The one stored version starting with `prefix`: [`StoreError::NotFound`]
+    /// if none, [`StoreError::AmbiguousPrefix`] listing (up to 20) candidates
+    /// if several.
+    async fn resolve_version_prefix(&self, prefix: &VersionPrefix) -> StoreResult<WorkflowVersion>;
+
+    /// Every version of `workflow`, each with its parent, in publish order.
+    async fn versions_of(&self, workflow: &WorkflowId) -> StoreResult<Vec<VersionRecord>>;
+
+    /// The most recently published version of `workflow`.
+    async fn latest_version(&self, workflow: &WorkflowId) -> StoreResult<Option<VersionRecord>>;
+
+    /// Every workflow id with a version, sorted by id.
+    async fn workflows(&self) -> StoreResult<Vec<WorkflowSummary>>;
+
+    // --------------------------------------------------------------- blobs
+
+    /// Stores `bytes` under their Blake3 hash (idempotent). Durable when it returns.
+    async fn put_blob(&self, bytes: Vec<u8>) -> StoreResult<BlobHash>;
+
+    /// The bytes stored under `hash`, re-hashed on read: a mismatch is
+    /// [`StoreError::Corrupt`], never silently returned.
+    async fn blob(&self, hash: &BlobHash) -> StoreResult<Option<Vec<u8>>>;
+
+    // ---------------------------------------------------------------- runs
+
+    /// Creates a run, `queued`, with its input stored as a blob in the same
+    /// transaction. The version must be stored (its workflow id becomes the
+    /// run's), and so must a parent run. Under an idempotency key, the same
+    /// (version, input) returns the existing run; a different one is refused
+    /// with [`StoreError::IdempotencyConflict`] naming both input hashes.
+    /// Retrying a create with the same id and content returns
+    /// [`CreateRun::Existing`]; the same id with other content is
+    /// [`StoreError::RunIdConflict`]. Durable when it returns.
+    async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun>;
+
+    async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>>;
+
+    /// Runs matching every set field of `filter`, newest first.
+    async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>>;
+
+    /// Runs started by `parent` as sub-workflows, oldest first.
+    async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>>;
+
+    // ---------------------------------------------------------- write path
+
+    /// Writes everything in `commit` in one transaction, or nothing. Fails
+    /// with [`StoreError::SequenceConflict`] unless the events continue the
+    /// run's episode exactly (the first event of a run is `seq` 0), with
+    /// [`StoreError::IntentOutOfOrder`] if an intent phase breaks the
+    /// protocol (pending → dispatched… → committed | failed; failed may also
+    /// follow pending), with [`StoreError::RunFinal`] when it would change a
+    /// completed or cancelled run. Durable per `commit.durability`.
+    async fn commit(&self, commit: Commit) -> StoreResult<()>;
+
+    /// The run's episode, in `seq` order (empty for an unknown run).
+    async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>>;
+
+    /// Events with a `seq` greater than `seq`.
+    async fn events_after(&self, run: &RunId, seq: u64) -> StoreResult<Vec<StoredEvent>>;
+
+    /// The run's intent records, in the order they were written.
+    async fn intents(&self, run: &RunId) -> StoreResult<Vec<IntentRecord>>;
+
+    async fn judgment(&self, id: &JudgmentId) -> StoreResult<Option<JudgmentRecord>>;
+
+    /// Unanswered judgment requests, oldest first.
+    async fn open_judgments(&self) -> StoreResult<Vec<JudgmentRecord>>;
+
+    // -------------------------------------------------------------- leases
+
+    /// Makes `owner` the run's owner if it has none or already is: `true`
+    /// then, `false` if another host holds it or the run is terminal.
+    /// Durable when it returns.
+    async fn claim_run(&self, run: &RunId, owner: &str, now: i64) -> StoreResult<bool>;
+
+    /// Non-terminal runs owned by `owner`, oldest first.
+    async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>>;
+
+    /// Every non-terminal run (queued, running, waiting for a judgment,
+    /// blocked), oldest first: what a host looks at on start.
+    async fn in_flight_runs(&self) -> StoreResult<Vec<RunRecord>>;
+}

@@ -1,0 +1,2060 @@
+//! The store's tests: one conformance suite run against every backend
+//! (`sqlite::*` and `memory::*`), then what only a file can show — triggers
+//! under raw SQL, bytes on disk, damaged and foreign files, schema versions
+//! and the v1 fixture, read-only and full disks, SIGKILL mid-commit.
+//!
+//! Tests assert error *values* (variants and their fields), never panics.
+//! Nothing here knows the executor: runs, events and intents are made up.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use store::{
+    BlobHash, Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
+    JudgmentWrite, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunId,
+    RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore, Store, StoreError,
+    Ulid, VersionRecord,
+};
+use workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+
+// ------------------------------------------------------------------ helpers
+
+const T0: i64 = 1_700_000_000_000;
+
+fn run_id(n: u128) -> RunId {
+    RunId::generate(Ulid::from_parts(T0 as u64, n))
+}
+
+fn judgment_id(n: u128) -> JudgmentId {
+    JudgmentId::generate(Ulid::from_parts(T0 as u64, n))
+}
+
+fn wf(id: &str) -> WorkflowId {
+    WorkflowId::from(id)
+}
+
+fn canonical(id: &str, tag: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{id}","steps":[{{"id":"{tag}","tool":{{"name":"echo"}}}}]}}"#).into_bytes()
+}
+
+async fn publish(
+    s: &dyn Store,
+    id: &str,
+    tag: &str,
+    parent: Option<WorkflowVersion>,
+) -> VersionRecord {
+    let out = s
+        .publish_version(NewVersion::of(wf(id), canonical(id, tag), parent, T0))
+        .await
+        .expect("publish");
+    out.record().clone()
+}
+
+fn new_run(n: u128, version: WorkflowVersion, input: &Value) -> NewRun {
+    NewRun {
+        id: run_id(n),
+        version,
+        input: serde_json::to_vec(input).expect("json"),
+        idempotency_key: None,
+        parent: None,
+        owner: None,
+        created_at: T0 + n as i64,
+    }
+}
+
+async fn make_run(s: &dyn Store, n: u128) -> RunRecord {
+    let v = publish(s, "demo.flow", "a", None).await;
+    s.create_run(new_run(n, v.version, &json!({"n": n as u64})))
+        .await
+        .expect("create run")
+        .into_record()
+}
+
+fn event(seq: u64, kind: &str) -> NewEvent {
+    NewEvent {
+        seq,
+        at: T0 + seq as i64,
+        kind: kind.to_owned(),
+        body: json!({"seq": seq, "kind": kind}),
+    }
+}
+
+fn intent(run: &RunId, step: &str, attempt: u32, phase: IntentPhase) -> IntentRecord {
+    IntentRecord {
+        run: run.clone(),
+        step: StepId::from(step),
+        iteration: 0,
+        attempt,
+        phase,
+        tool: "ledger".into(),
+        tool_version: "0.1.0".into(),
+        digest: "sha256:abc".into(),
+        effect: EffectClass::Idempotent,
+        args_hash: "b3:args".into(),
+        idempotency_key: format!("ik-{step}"),
+        output_hash: (phase == IntentPhase::Committed).then(|| "b3:out".to_owned()),
+        error: (phase == IntentPhase::Failed).then(|| "unavailable".to_owned()),
+        record: (phase == IntentPhase::Committed).then(|| json!({"fs": [], "http": []})),
+        at: T0,
+    }
+}
+
+fn commit_of(run: &RunId, events: Vec<NewEvent>) -> Commit {
+    Commit {
+        events,
+        ..Commit::new(run.clone())
+    }
+}
+
+/// A store under test, with whatever keeps it alive.
+struct Harness {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Harness {
+    async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(dir.path().join("nested/dir/poimen.db"))
+            .await
+            .expect("open");
+        Harness {
+            store: Arc::new(store),
+            _dir: Some(dir),
+        }
+    }
+
+    fn memory() -> Self {
+        Harness {
+            store: Arc::new(MemoryStore::new()),
+            _dir: None,
+        }
+    }
+
+    fn s(&self) -> &dyn Store {
+        &*self.store
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&super::Harness::sqlite().await).await
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&super::Harness::memory()).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    publish_creates_then_returns_existing,
+    publish_refuses_a_wrong_hash_and_a_changed_identity,
+    parent_must_exist_and_share_the_workflow,
+    prefixes_resolve_or_say_why_not,
+    versions_of_lists_the_dag_in_publish_order,
+    blobs_round_trip_idempotently,
+    run_idempotency_keys,
+    run_creation_checks_references,
+    runs_are_listed_and_linked,
+    commit_appends_events_in_order,
+    sequence_conflicts_are_detected,
+    a_failed_commit_leaves_nothing,
+    intents_are_append_only_and_follow_the_protocol,
+    judgments_open_and_answer_once,
+    run_updates_and_final_states,
+    leases_and_recovery_queries,
+    concurrent_commits_from_many_tasks,
+    json_bodies_round_trip_exactly,
+);
+
+// ------------------------------------------------------------- conformance
+
+async fn publish_creates_then_returns_existing(h: &Harness) {
+    let s = h.s();
+    let v1 = NewVersion::of(wf("a.flow"), canonical("a.flow", "one"), None, T0);
+    let created = s.publish_version(v1.clone()).await.expect("publish");
+    assert!(created.is_created());
+    let rec = created.record().clone();
+    assert_eq!(
+        rec.version,
+        WorkflowVersion::of_canonical_bytes(&v1.canonical)
+    );
+    assert_eq!(
+        s.version(&rec.version).await.expect("read"),
+        Some(rec.clone())
+    );
+
+    // Same bytes again, later: a no-op returning the stored record.
+    let again = NewVersion {
+        created_at: T0 + 99,
+        ..v1.clone()
+    };
+    assert_eq!(
+        s.publish_version(again).await.expect("republish"),
+        PublishOutcome::Existing {
+            record: rec.clone(),
+            ignored_parent: None
+        }
+    );
+
+    // Same bytes with a parent: the outcome says the parent was ignored.
+    let other = publish(s, "a.flow", "two", None).await;
+    let with_parent = NewVersion {
+        parent: Some(other.version),
+        ..v1
+    };
+    assert_eq!(
+        s.publish_version(with_parent).await.expect("republish"),
+        PublishOutcome::Existing {
+            record: rec.clone(),
+            ignored_parent: Some(other.version)
+        }
+    );
+    assert_eq!(s.version(&rec.version).await.expect("read"), Some(rec));
+    assert_eq!(s.versions_of(&wf("a.flow")).await.expect("list").len(), 2);
+}
+
+async fn publish_refuses_a_wrong_hash_and_a_changed_identity(h: &Harness) {
+    let s = h.s();
+    let bytes = canonical("a.flow", "one");
+    let claimed = WorkflowVersion::of_canonical_bytes(b"something else");
+    let err = s
+        .publish_version(NewVersion {
+            version: claimed,
+            parent: None,
+            workflow_id: wf("a.flow"),
+            canonical: bytes.clone(),
+            created_at: T0,
+        })
+        .await
+        .expect_err("mismatch");
+    let actual = WorkflowVersion::of_canonical_bytes(&bytes);
+    assert!(
+        matches!(&err, StoreError::VersionHashMismatch { claimed: c, actual: a } if *c == claimed && *a == actual),
+        "{err:?}"
+    );
+    assert!(s.version(&claimed).await.expect("read").is_none());
+
+    // The same bytes offered under another workflow id: a conflict, not a new record.
+    publish(s, "a.flow", "one", None).await;
+    let err = s
+        .publish_version(NewVersion::of(wf("b.flow"), bytes, None, T0))
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(&err, StoreError::VersionConflict { version, .. } if *version == actual),
+        "{err:?}"
+    );
+    assert!(err.is_corruption());
+}
+
+async fn parent_must_exist_and_share_the_workflow(h: &Harness) {
+    let s = h.s();
+    let ghost = WorkflowVersion::of_canonical_bytes(b"never published");
+    let err = s
+        .publish_version(NewVersion::of(
+            wf("a.flow"),
+            canonical("a.flow", "x"),
+            Some(ghost),
+            T0,
+        ))
+        .await
+        .expect_err("unknown parent");
+    assert!(
+        matches!(&err, StoreError::UnknownParent { parent } if *parent == ghost),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(&ghost.to_string()), "{err}");
+
+    let b = publish(s, "b.flow", "x", None).await;
+    let err = s
+        .publish_version(NewVersion::of(
+            wf("a.flow"),
+            canonical("a.flow", "x"),
+            Some(b.version),
+            T0,
+        ))
+        .await
+        .expect_err("other workflow");
+    assert!(
+        matches!(&err, StoreError::ParentOfOtherWorkflow { parent, parent_workflow, workflow }
+            if *parent == b.version && parent_workflow.as_str() == "b.flow" && workflow.as_str() == "a.flow"),
+        "{err:?}"
+    );
+    assert!(s.versions_of(&wf("a.flow")).await.expect("list").is_empty());
+}
+
+/// Two tags whose versions share their first six hex digits.
+fn colliding_tags() -> (String, String) {
+    let mut seen = std::collections::HashMap::new();
+    for n in 0u32.. {
+        let tag = format!("t{n}");
+        let v = WorkflowVersion::of_canonical_bytes(&canonical("p.flow", &tag));
+        let short = v.hex()[..6].to_owned();
+        if let Some(prev) = seen.insert(short, tag.clone()) {
+            return (prev, tag);
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+async fn prefixes_resolve_or_say_why_not(h: &Harness) {
+    let s = h.s();
+    let (t1, t2) = colliding_tags();
+    let a = publish(s, "p.flow", &t1, None).await;
+    let b = publish(s, "p.flow", &t2, None).await;
+    let short = VersionPrefix::parse(&a.version.hex()[..6]).expect("prefix");
+    let err = s
+        .resolve_version_prefix(&short)
+        .await
+        .expect_err("ambiguous");
+    let mut both = vec![a.version, b.version];
+    both.sort();
+    assert!(
+        matches!(&err, StoreError::AmbiguousPrefix { candidates, .. } if *candidates == both),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&a.version.to_string()) && msg.contains(&b.version.to_string()),
+        "{msg}"
+    );
+
+    // Enough digits to tell them apart resolve; so does the full version.
+    let common = a
+        .version
+        .hex()
+        .chars()
+        .zip(b.version.hex().chars())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let longer =
+        VersionPrefix::parse(&format!("b3:{}", &a.version.hex()[..common + 1])).expect("prefix");
+    assert_eq!(
+        s.resolve_version_prefix(&longer).await.expect("unique"),
+        a.version
+    );
+    let full = VersionPrefix::parse(&b.version.to_string()).expect("full");
+    assert_eq!(
+        s.resolve_version_prefix(&full).await.expect("full"),
+        b.version
+    );
+
+    // A prefix of nothing stored.
+    let hex = a.version.hex();
+    let flipped = if hex.starts_with('0') { "1" } else { "0" };
+    let none = VersionPrefix::parse(&format!("{flipped}{}", &hex[1..8])).expect("prefix");
+    let err = s.resolve_version_prefix(&none).await.expect_err("none");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn versions_of_lists_the_dag_in_publish_order(h: &Harness) {
+    let s = h.s();
+    assert!(s.workflows().await.expect("workflows").is_empty());
+    assert!(
+        s.latest_version(&wf("a.flow"))
+            .await
+            .expect("latest")
+            .is_none()
+    );
+    let v1 = publish(s, "a.flow", "1", None).await;
+    let v2 = publish(s, "a.flow", "2", Some(v1.version)).await;
+    let other = publish(s, "b.flow", "1", None).await;
+    let v3 = publish(s, "a.flow", "3", Some(v1.version)).await; // a fork
+    let list = s.versions_of(&wf("a.flow")).await.expect("list");
+    let pairs: Vec<_> = list.iter().map(|r| (r.version, r.parent)).collect();
+    assert_eq!(
+        pairs,
+        vec![
+            (v1.version, None),
+            (v2.version, Some(v1.version)),
+            (v3.version, Some(v1.version))
+        ]
+    );
+    assert_eq!(
+        s.latest_version(&wf("a.flow")).await.expect("latest"),
+        Some(v3.clone())
+    );
+    // Re-publishing an old version does not make it the latest.
+    publish(s, "a.flow", "1", None).await;
+    assert_eq!(
+        s.latest_version(&wf("a.flow")).await.expect("latest"),
+        Some(v3.clone())
+    );
+    let summary = s.workflows().await.expect("workflows");
+    let got: Vec<_> = summary
+        .iter()
+        .map(|w| (w.workflow_id.as_str().to_owned(), w.versions, w.latest))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a.flow".to_owned(), 3, v3.version),
+            ("b.flow".to_owned(), 1, other.version)
+        ]
+    );
+}
+
+async fn blobs_round_trip_idempotently(h: &Harness) {
+    let s = h.s();
+    let bytes = b"\x00\x01 some bytes \xff".to_vec();
+    let hash = s.put_blob(bytes.clone()).await.expect("put");
+    assert_eq!(hash, BlobHash::of(&bytes));
+    assert!(hash.to_string().starts_with("b3:"));
+    assert_eq!(s.put_blob(bytes.clone()).await.expect("again"), hash);
+    assert_eq!(s.blob(&hash).await.expect("get"), Some(bytes));
+    assert_eq!(s.blob(&BlobHash::of(b"absent")).await.expect("get"), None);
+    let empty = s.put_blob(Vec::new()).await.expect("empty");
+    assert_eq!(s.blob(&empty).await.expect("get"), Some(Vec::new()));
+}
+
+async fn run_idempotency_keys(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "a.flow", "1", None).await;
+    let v2 = publish(s, "a.flow", "2", Some(v.version)).await;
+    let keyed = |n: u128, version: WorkflowVersion, input: Value| NewRun {
+        idempotency_key: Some("order-42".into()),
+        ..new_run(n, version, &input)
+    };
+    let first = s
+        .create_run(keyed(1, v.version, json!({"order": 42})))
+        .await
+        .expect("create");
+    assert!(first.is_created());
+    let first = first.into_record();
+
+    // Same key, same version and input, another id: the existing run.
+    let again = s
+        .create_run(keyed(2, v.version, json!({"order": 42})))
+        .await
+        .expect("again");
+    assert_eq!(again, CreateRun::Existing(first.clone()));
+    assert!(s.run(&run_id(2)).await.expect("read").is_none());
+
+    // Same key, different input: refused, naming both input hashes.
+    let other_input = serde_json::to_vec(&json!({"order": 43})).expect("json");
+    let err = s
+        .create_run(keyed(3, v.version, json!({"order": 43})))
+        .await
+        .expect_err("conflict");
+    let new_hash = BlobHash::of(&other_input);
+    match &err {
+        StoreError::IdempotencyConflict(c) => {
+            assert_eq!(c.key, "order-42");
+            assert_eq!(c.existing_run, first.id);
+            assert_eq!(c.existing_input_hash, first.input_hash);
+            assert_eq!(c.new_input_hash, new_hash);
+        }
+        other => panic!("expected IdempotencyConflict, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&first.input_hash.to_string()) && msg.contains(&new_hash.to_string()),
+        "{msg}"
+    );
+    assert!(s.run(&run_id(3)).await.expect("read").is_none());
+
+    // Same key and input, another version: refused too.
+    let err = s
+        .create_run(keyed(4, v2.version, json!({"order": 42})))
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(&err, StoreError::IdempotencyConflict(c)
+            if c.existing_version == v.version && c.new_version == v2.version),
+        "{err:?}"
+    );
+}
+
+async fn run_creation_checks_references(h: &Harness) {
+    let s = h.s();
+    let ghost = WorkflowVersion::of_canonical_bytes(b"ghost");
+    let err = s
+        .create_run(new_run(1, ghost, &json!({})))
+        .await
+        .expect_err("no version");
+    assert!(
+        matches!(&err, StoreError::NotFound { what } if what.contains(&ghost.to_string())),
+        "{err:?}"
+    );
+
+    let v = publish(s, "a.flow", "1", None).await;
+    let orphan = NewRun {
+        parent: Some((run_id(99), StepId::from("sub"))),
+        ..new_run(1, v.version, &json!({}))
+    };
+    let err = s.create_run(orphan).await.expect_err("no parent");
+    assert!(
+        matches!(&err, StoreError::NotFound { what } if what.contains(run_id(99).as_str())),
+        "{err:?}"
+    );
+
+    let created = s
+        .create_run(new_run(1, v.version, &json!({"x": 1})))
+        .await
+        .expect("create")
+        .into_record();
+    assert_eq!(created.workflow_id.as_str(), "a.flow");
+    assert_eq!(created.status, RunStatus::Queued);
+    assert_eq!(created.created_at, created.updated_at);
+    assert_eq!(
+        s.run(&created.id).await.expect("read"),
+        Some(created.clone())
+    );
+    // The input is kept as a blob.
+    assert_eq!(
+        s.blob(&created.input_hash).await.expect("blob"),
+        Some(serde_json::to_vec(&json!({"x": 1})).expect("json"))
+    );
+    // A retried create (same id, same content) is answered with the run.
+    assert_eq!(
+        s.create_run(new_run(1, v.version, &json!({"x": 1})))
+            .await
+            .expect("retry"),
+        CreateRun::Existing(created.clone())
+    );
+    // The same id for another run is refused.
+    let err = s
+        .create_run(new_run(1, v.version, &json!({"x": 2})))
+        .await
+        .expect_err("id reuse");
+    assert!(
+        matches!(&err, StoreError::RunIdConflict { id } if *id == created.id),
+        "{err:?}"
+    );
+}
+
+async fn runs_are_listed_and_linked(h: &Harness) {
+    let s = h.s();
+    let a = publish(s, "a.flow", "1", None).await;
+    let b = publish(s, "b.flow", "1", None).await;
+    let parent = s
+        .create_run(new_run(1, a.version, &json!(1)))
+        .await
+        .expect("parent")
+        .into_record();
+    for n in 2..=4u128 {
+        let child = NewRun {
+            parent: Some((parent.id.clone(), StepId::from(format!("sub{n}").as_str()))),
+            ..new_run(n, b.version, &json!(n as u64))
+        };
+        s.create_run(child).await.expect("child");
+    }
+    s.create_run(new_run(5, a.version, &json!(5)))
+        .await
+        .expect("other");
+
+    let kids = s.children(&parent.id).await.expect("children");
+    let ids: Vec<_> = kids.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids, vec![run_id(2), run_id(3), run_id(4)]);
+    assert_eq!(
+        kids[0].parent,
+        Some((parent.id.clone(), StepId::from("sub2")))
+    );
+
+    let all = s.list_runs(RunFilter::default()).await.expect("all");
+    let ids: Vec<_> = all.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(
+        ids,
+        (1..=5u128).rev().map(run_id).collect::<Vec<_>>(),
+        "newest first"
+    );
+    let of_a = s
+        .list_runs(RunFilter {
+            workflow_id: Some(wf("a.flow")),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("of a");
+    assert_eq!(
+        of_a.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        vec![run_id(5), run_id(1)]
+    );
+    let limited = s
+        .list_runs(RunFilter {
+            parent: Some(parent.id.clone()),
+            limit: Some(2),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("limited");
+    assert_eq!(
+        limited.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        vec![run_id(4), run_id(3)]
+    );
+
+    let mut done = Commit::new(run_id(5));
+    done.run_update = Some(RunUpdate {
+        status: RunStatus::Failed,
+        reason: Some("boom".into()),
+        output_hash: None,
+        updated_at: T0 + 50,
+    });
+    s.commit(done).await.expect("update");
+    let failed = s
+        .list_runs(RunFilter {
+            status: Some(RunStatus::Failed),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].reason.as_deref(), Some("boom"));
+}
+
+async fn commit_appends_events_in_order(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    assert!(s.events(&run.id).await.expect("events").is_empty());
+    s.commit(commit_of(&run.id, vec![event(0, "run_started")]))
+        .await
+        .expect("first");
+    let mut c = commit_of(
+        &run.id,
+        vec![event(1, "step_started"), event(2, "step_finished")],
+    );
+    c.durability = Durability::Buffered;
+    s.commit(c).await.expect("buffered");
+    s.commit(commit_of(&run.id, vec![]))
+        .await
+        .expect("empty commit");
+    let all = s.events(&run.id).await.expect("events");
+    assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(all[1].kind, "step_started");
+    assert_eq!(all[1].body, json!({"seq": 1, "kind": "step_started"}));
+    assert_eq!(all[2].run, run.id);
+    let after = s.events_after(&run.id, 0).await.expect("after");
+    assert_eq!(after, all[1..].to_vec());
+    assert!(s.events_after(&run.id, 2).await.expect("after").is_empty());
+    assert!(s.events(&run_id(77)).await.expect("unknown run").is_empty());
+    let err = s
+        .commit(commit_of(&run_id(77), vec![event(0, "x")]))
+        .await
+        .expect_err("unknown run");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn sequence_conflicts_are_detected(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let err = s
+        .commit(commit_of(&run.id, vec![event(1, "x")]))
+        .await
+        .expect_err("must start at 0");
+    assert!(
+        matches!(&err, StoreError::SequenceConflict { run: r, expected: 0, got: 1 } if *r == run.id),
+        "{err:?}"
+    );
+    s.commit(commit_of(&run.id, vec![event(0, "a"), event(1, "b")]))
+        .await
+        .expect("ok");
+    // A second writer that read the episode before the first wrote.
+    let err = s
+        .commit(commit_of(&run.id, vec![event(1, "stale")]))
+        .await
+        .expect_err("stale");
+    assert!(
+        matches!(
+            err,
+            StoreError::SequenceConflict {
+                expected: 2,
+                got: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // A gap inside the batch.
+    let err = s
+        .commit(commit_of(&run.id, vec![event(2, "c"), event(4, "e")]))
+        .await
+        .expect_err("gap");
+    assert!(
+        matches!(
+            err,
+            StoreError::SequenceConflict {
+                expected: 3,
+                got: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(s.events(&run.id).await.expect("events").len(), 2);
+}
+
+async fn a_failed_commit_leaves_nothing(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    s.commit(commit_of(&run.id, vec![event(0, "run_started")]))
+        .await
+        .expect("first");
+    let blob = b"an output nobody may see".to_vec();
+    let full_batch = |tail: Vec<IntentRecord>| Commit {
+        run: run.id.clone(),
+        blobs: vec![blob.clone()],
+        events: vec![event(1, "tool_call"), event(2, "judgment_requested")],
+        intents: [
+            vec![intent(&run.id, "fetch", 1, IntentPhase::Pending)],
+            tail,
+        ]
+        .concat(),
+        judgments: vec![JudgmentWrite::Open {
+            id: judgment_id(1),
+            step: StepId::from("review"),
+            iteration: 0,
+            request: json!({"q": "ok?"}),
+            request_hash: "b3:req".into(),
+            at: T0,
+        }],
+        run_update: Some(RunUpdate {
+            status: RunStatus::WaitingJudgment,
+            reason: None,
+            output_hash: Some(BlobHash::of(&blob)),
+            updated_at: T0 + 10,
+        }),
+        durability: Durability::Sync,
+    };
+    // The last element breaks the protocol: committed right after pending.
+    let err = s
+        .commit(full_batch(vec![intent(
+            &run.id,
+            "fetch",
+            1,
+            IntentPhase::Committed,
+        )]))
+        .await
+        .expect_err("out of order");
+    assert!(
+        matches!(
+            &err,
+            StoreError::IntentOutOfOrder {
+                phase: IntentPhase::Committed,
+                previous: Some(IntentPhase::Pending),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_untouched(s, &run.id, &blob).await;
+
+    // A sequence conflict refuses the whole batch too.
+    let mut stale = full_batch(vec![]);
+    stale.events = vec![event(0, "stale")];
+    let err = s.commit(stale).await.expect_err("stale");
+    assert!(
+        matches!(err, StoreError::SequenceConflict { .. }),
+        "{err:?}"
+    );
+    assert_untouched(s, &run.id, &blob).await;
+
+    // The same batch, well-formed, goes in whole.
+    s.commit(full_batch(vec![intent(
+        &run.id,
+        "fetch",
+        1,
+        IntentPhase::Dispatched,
+    )]))
+    .await
+    .expect("whole");
+    assert_eq!(s.events(&run.id).await.expect("events").len(), 3);
+    assert_eq!(s.intents(&run.id).await.expect("intents").len(), 2);
+    assert_eq!(
+        s.blob(&BlobHash::of(&blob)).await.expect("blob"),
+        Some(blob.clone())
+    );
+    let r = s.run(&run.id).await.expect("run").expect("exists");
+    assert_eq!(r.status, RunStatus::WaitingJudgment);
+    assert_eq!(r.output_hash, Some(BlobHash::of(&blob)));
+}
+
+/// What `a_failed_commit_leaves_nothing` expects after a refused batch.
+async fn assert_untouched(s: &dyn Store, id: &RunId, blob: &[u8]) {
+    assert_eq!(s.events(id).await.expect("events").len(), 1);
+    assert!(s.intents(id).await.expect("intents").is_empty());
+    assert!(
+        s.judgment(&judgment_id(1))
+            .await
+            .expect("judgment")
+            .is_none()
+    );
+    assert!(s.open_judgments().await.expect("open").is_empty());
+    assert_eq!(s.blob(&BlobHash::of(blob)).await.expect("blob"), None);
+    let r = s.run(id).await.expect("run").expect("exists");
+    assert_eq!(
+        (r.status, r.output_hash, r.updated_at),
+        (RunStatus::Queued, None, T0 + 1)
+    );
+}
+
+async fn intents_are_append_only_and_follow_the_protocol(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let id = &run.id;
+    let write = |records: Vec<IntentRecord>| {
+        let mut c = Commit::new(id.clone());
+        c.intents = records;
+        s.commit(c)
+    };
+    // Dispatched before pending is refused.
+    let err = write(vec![intent(id, "a", 1, IntentPhase::Dispatched)])
+        .await
+        .expect_err("no pending");
+    assert!(
+        matches!(err, StoreError::IntentOutOfOrder { previous: None, .. }),
+        "{err:?}"
+    );
+
+    // Pending buffered, dispatched and committed synced: the executor's pattern.
+    let mut pending = Commit::new(id.clone());
+    pending.intents = vec![intent(id, "a", 1, IntentPhase::Pending)];
+    pending.durability = Durability::Buffered;
+    s.commit(pending).await.expect("pending");
+    write(vec![intent(id, "a", 1, IntentPhase::Dispatched)])
+        .await
+        .expect("dispatched");
+    // A re-dispatch after a crash, under the same key.
+    write(vec![intent(id, "a", 1, IntentPhase::Dispatched)])
+        .await
+        .expect("re-dispatch");
+    write(vec![intent(id, "a", 1, IntentPhase::Committed)])
+        .await
+        .expect("committed");
+    // Nothing follows a terminal phase.
+    for phase in [
+        IntentPhase::Pending,
+        IntentPhase::Dispatched,
+        IntentPhase::Committed,
+        IntentPhase::Failed,
+    ] {
+        let err = write(vec![intent(id, "a", 1, phase)])
+            .await
+            .expect_err("after committed");
+        assert!(
+            matches!(
+                &err,
+                StoreError::IntentOutOfOrder {
+                    previous: Some(IntentPhase::Committed),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // Failed may follow pending (the call was never made); a new attempt starts over.
+    write(vec![
+        intent(id, "b", 1, IntentPhase::Pending),
+        intent(id, "b", 1, IntentPhase::Failed),
+        intent(id, "b", 2, IntentPhase::Pending),
+        intent(id, "b", 2, IntentPhase::Dispatched),
+        intent(id, "b", 2, IntentPhase::Committed),
+    ])
+    .await
+    .expect("attempts");
+    let all = s.intents(id).await.expect("intents");
+    let seen: Vec<_> = all
+        .iter()
+        .map(|i| (i.step.as_str(), i.attempt, i.phase))
+        .collect();
+    use IntentPhase::*;
+    assert_eq!(
+        seen,
+        vec![
+            ("a", 1, Pending),
+            ("a", 1, Dispatched),
+            ("a", 1, Dispatched),
+            ("a", 1, Committed),
+            ("b", 1, Pending),
+            ("b", 1, Failed),
+            ("b", 2, Pending),
+            ("b", 2, Dispatched),
+            ("b", 2, Committed),
+        ]
+    );
+    assert_eq!(
+        all[3],
+        intent(id, "a", 1, Committed),
+        "every field round-trips"
+    );
+    assert_eq!(all[5].error.as_deref(), Some("unavailable"));
+
+    // An intent of another run inside this run's commit.
+    let other = make_run(s, 2).await;
+    let err = write(vec![intent(&other.id, "a", 1, Pending)])
+        .await
+        .expect_err("other run");
+    assert!(matches!(err, StoreError::InvalidCommit { .. }), "{err:?}");
+}
+
+async fn judgments_open_and_answer_once(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let other = make_run(s, 2).await;
+    let open = |n: u128| JudgmentWrite::Open {
+        id: judgment_id(n),
+        step: StepId::from("review"),
+        iteration: 0,
+        request: json!({"question": "ship it?", "sources": [{"hash": "b3:src"}]}),
+        request_hash: format!("b3:req{n}"),
+        at: T0 + n as i64,
+    };
+    let with = |run: &RunId, judgments: Vec<JudgmentWrite>| {
+        let mut c = Commit::new(run.clone());
+        c.judgments = judgments;
+        c
+    };
+    s.commit(with(&run.id, vec![open(1), open(2)]))
+        .await
+        .expect("open");
+    let listed: Vec<_> = s
+        .open_judgments()
+        .await
+        .expect("open")
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(listed, vec![judgment_id(1), judgment_id(2)]);
+    let j = s
+        .judgment(&judgment_id(1))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(
+        (j.status, j.result.clone(), j.answered_at),
+        (JudgmentStatus::Open, None, None)
+    );
+    assert_eq!(j.run, run.id);
+    assert_eq!(j.request_hash, "b3:req1");
+
+    let err = s
+        .commit(with(&run.id, vec![open(1)]))
+        .await
+        .expect_err("twice");
+    assert!(
+        matches!(&err, StoreError::JudgmentConflict { id, .. } if *id == judgment_id(1)),
+        "{err:?}"
+    );
+
+    let answer = |n: u128| JudgmentWrite::Answer {
+        id: judgment_id(n),
+        result: json!({"verdict": "yes", "score": 0.75}),
+        at: T0 + 100,
+    };
+    let err = s
+        .commit(with(&other.id, vec![answer(1)]))
+        .await
+        .expect_err("other run");
+    assert!(
+        matches!(err, StoreError::JudgmentConflict { .. }),
+        "{err:?}"
+    );
+    let err = s
+        .commit(with(&run.id, vec![answer(9)]))
+        .await
+        .expect_err("unknown");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+
+    s.commit(with(&run.id, vec![answer(1)]))
+        .await
+        .expect("answer");
+    let j = s
+        .judgment(&judgment_id(1))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(j.status, JudgmentStatus::Answered);
+    assert_eq!(j.result, Some(json!({"verdict": "yes", "score": 0.75})));
+    assert_eq!(j.answered_at, Some(T0 + 100));
+    assert_eq!(
+        j.request,
+        json!({"question": "ship it?", "sources": [{"hash": "b3:src"}]})
+    );
+    let err = s
+        .commit(with(&run.id, vec![answer(1)]))
+        .await
+        .expect_err("answered twice");
+    assert!(
+        matches!(err, StoreError::JudgmentConflict { .. }),
+        "{err:?}"
+    );
+    let listed: Vec<_> = s
+        .open_judgments()
+        .await
+        .expect("open")
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(listed, vec![judgment_id(2)]);
+    // Opened and answered in one commit.
+    s.commit(with(&run.id, vec![open(3), answer(3)]))
+        .await
+        .expect("both");
+    assert_eq!(
+        s.judgment(&judgment_id(3))
+            .await
+            .expect("read")
+            .map(|j| j.status),
+        Some(JudgmentStatus::Answered)
+    );
+}
+
+async fn run_updates_and_final_states(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let update = |status: RunStatus, output: Option<BlobHash>, blobs: Vec<Vec<u8>>| {
+        let mut c = Commit::new(run.id.clone());
+        c.blobs = blobs;
+        c.run_update = Some(RunUpdate {
+            status,
+            reason: (status == RunStatus::Failed).then(|| "tool failed".to_owned()),
+            output_hash: output,
+            updated_at: T0 + 500,
+        });
+        c
+    };
+    s.commit(update(RunStatus::Running, None, vec![]))
+        .await
+        .expect("running");
+    s.commit(update(RunStatus::Failed, None, vec![]))
+        .await
+        .expect("failed");
+    // Failed is terminal but not final: an operator may retry.
+    s.commit(update(RunStatus::Running, None, vec![]))
+        .await
+        .expect("retry");
+    let missing = BlobHash::of(b"not stored");
+    let err = s
+        .commit(update(RunStatus::Completed, Some(missing), vec![]))
+        .await
+        .expect_err("missing output");
+    assert!(
+        matches!(&err, StoreError::NotFound { what } if what.contains(&missing.to_string())),
+        "{err:?}"
+    );
+    let out = b"{\"answer\":42}".to_vec();
+    s.commit(update(
+        RunStatus::Completed,
+        Some(BlobHash::of(&out)),
+        vec![out.clone()],
+    ))
+    .await
+    .expect("completed");
+    let r = s.run(&run.id).await.expect("read").expect("exists");
+    assert_eq!(
+        (r.status, r.output_hash, r.updated_at),
+        (RunStatus::Completed, Some(BlobHash::of(&out)), T0 + 500)
+    );
+    for status in [RunStatus::Running, RunStatus::Failed, RunStatus::Cancelled] {
+        let err = s
+            .commit(update(status, Some(BlobHash::of(&out)), vec![]))
+            .await
+            .expect_err("final");
+        assert!(
+            matches!(
+                err,
+                StoreError::RunFinal {
+                    status: RunStatus::Completed,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // The output cannot be swapped either; events may still be appended.
+    let err = s
+        .commit(update(RunStatus::Completed, None, vec![]))
+        .await
+        .expect_err("final output");
+    assert!(matches!(err, StoreError::RunFinal { .. }), "{err:?}");
+    s.commit(commit_of(&run.id, vec![event(0, "audit_note")]))
+        .await
+        .expect("event");
+}
+
+async fn leases_and_recovery_queries(h: &Harness) {
+    let s = h.s();
+    let a = make_run(s, 1).await;
+    let b = make_run(s, 2).await;
+    let c = make_run(s, 3).await;
+    assert!(s.claim_run(&a.id, "host-1", T0).await.expect("claim"));
+    assert!(
+        s.claim_run(&a.id, "host-1", T0 + 1)
+            .await
+            .expect("re-claim")
+    );
+    assert!(!s.claim_run(&a.id, "host-2", T0).await.expect("taken"));
+    assert!(s.claim_run(&b.id, "host-2", T0).await.expect("claim"));
+    let mut done = Commit::new(c.id.clone());
+    done.run_update = Some(RunUpdate {
+        status: RunStatus::Cancelled,
+        reason: Some("operator".into()),
+        output_hash: None,
+        updated_at: T0,
+    });
+    s.commit(done).await.expect("cancel");
+    assert!(!s.claim_run(&c.id, "host-1", T0).await.expect("terminal"));
+    let err = s
+        .claim_run(&run_id(99), "host-1", T0)
+        .await
+        .expect_err("unknown");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+
+    let owned: Vec<_> = s
+        .runs_owned_by("host-1")
+        .await
+        .expect("owned")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(owned, vec![a.id.clone()]);
+    assert_eq!(
+        s.run(&a.id).await.expect("read").and_then(|r| r.owner),
+        Some("host-1".to_owned())
+    );
+    let in_flight: Vec<_> = s
+        .in_flight_runs()
+        .await
+        .expect("in flight")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(in_flight, vec![a.id.clone(), b.id.clone()]);
+
+    // Owner given at creation.
+    let v = publish(s, "demo.flow", "a", None).await;
+    let owned_run = NewRun {
+        owner: Some("host-3".into()),
+        ..new_run(4, v.version, &json!(4))
+    };
+    s.create_run(owned_run).await.expect("create");
+    assert_eq!(s.runs_owned_by("host-3").await.expect("owned").len(), 1);
+}
+
+async fn concurrent_commits_from_many_tasks(h: &Harness) {
+    let s = Arc::clone(&h.store);
+    const RUNS: u128 = 12;
+    const COMMITS: u64 = 15;
+    for n in 0..RUNS {
+        make_run(&*s, n).await;
+    }
+    let mut tasks = Vec::new();
+    for n in 0..RUNS {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            for k in 0..COMMITS {
+                let mut c = commit_of(&run_id(n), vec![event(2 * k, "a"), event(2 * k + 1, "b")]);
+                c.durability = if k.is_multiple_of(2) {
+                    Durability::Buffered
+                } else {
+                    Durability::Sync
+                };
+                c.intents = vec![IntentRecord {
+                    iteration: k as u32,
+                    ..intent(&run_id(n), "s", 1, IntentPhase::Pending)
+                }];
+                s.commit(c).await.expect("commit");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    for n in 0..RUNS {
+        let seqs: Vec<u64> = s
+            .events(&run_id(n))
+            .await
+            .expect("events")
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, (0..2 * COMMITS).collect::<Vec<_>>());
+        assert_eq!(
+            s.intents(&run_id(n)).await.expect("intents").len(),
+            COMMITS as usize
+        );
+    }
+
+    // Eight writers race for the same next seq of one run: exactly one wins.
+    let race = run_id(0);
+    let next = 2 * COMMITS;
+    let mut racers = Vec::new();
+    for w in 0..8u64 {
+        let s = Arc::clone(&s);
+        let race = race.clone();
+        racers.push(tokio::spawn(async move {
+            let mut e = event(next, "racer");
+            e.body = json!({"writer": w});
+            s.commit(commit_of(&race, vec![e])).await
+        }));
+    }
+    let mut wins = 0;
+    for r in racers {
+        match r.await.expect("task") {
+            Ok(()) => wins += 1,
+            Err(StoreError::SequenceConflict { expected, got, .. }) => {
+                assert_eq!((expected, got), (next + 1, next));
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(wins, 1);
+    assert_eq!(
+        s.events(&race).await.expect("events").len() as u64,
+        next + 1
+    );
+}
+
+async fn json_bodies_round_trip_exactly(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let body = json!({
+        "floats": [0.1, 0.30000000000000004, 1e-300, 2.5e300, -0.0, 5e-324, 1.7976931348623157e308],
+        "ints": [0, -1, i64::MIN, u64::MAX],
+        "text": "naïve ☃ \u{0} \"quoted\" \n",
+        "nested": {"z": [], "a": {"b": null}},
+    });
+    let mut c = commit_of(
+        &run.id,
+        vec![NewEvent {
+            seq: 0,
+            at: T0,
+            kind: "state_write".into(),
+            body: body.clone(),
+        }],
+    );
+    c.intents = vec![IntentRecord {
+        record: Some(body.clone()),
+        ..intent(&run.id, "a", 1, IntentPhase::Pending)
+    }];
+    s.commit(c).await.expect("commit");
+    assert_eq!(s.events(&run.id).await.expect("events")[0].body, body);
+    assert_eq!(
+        s.intents(&run.id).await.expect("intents")[0].record,
+        Some(body)
+    );
+}
+
+// -------------------------------------------------------- SQLite on disk
+
+fn raw(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(path).expect("raw open")
+}
+
+async fn sqlite_at(path: &Path) -> SqliteStore {
+    SqliteStore::open(path).await.expect("open")
+}
+
+fn file_digest(path: &Path) -> blake3::Hash {
+    blake3::hash(&std::fs::read(path).expect("read file"))
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_refuse_rewriting_history_through_raw_sql() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let s = sqlite_at(&path).await;
+    let run = make_run(&s, 1).await;
+    let mut c = commit_of(&run.id, vec![event(0, "a")]);
+    c.intents = vec![intent(&run.id, "a", 1, IntentPhase::Pending)];
+    c.blobs = vec![b"blob".to_vec()];
+    s.commit(c).await.expect("commit");
+    drop(s);
+
+    let db = raw(&path);
+    for sql in [
+        "UPDATE versions SET created_at = 0",
+        "UPDATE versions SET canonical = x'00'",
+        "DELETE FROM versions",
+        "UPDATE blobs SET bytes = x'00'",
+        "DELETE FROM blobs",
+        "UPDATE events SET kind = 'forged'",
+        "DELETE FROM events",
+        "UPDATE intents SET phase = 'committed'",
+        "DELETE FROM intents",
+        "UPDATE runs SET input_hash = 'b3:0000000000000000000000000000000000000000000000000000000000000000'",
+        "UPDATE runs SET version = 'b3:0000000000000000000000000000000000000000000000000000000000000000'",
+        "DELETE FROM runs",
+        // A gap in an episode.
+        "INSERT INTO events (run, seq, at, kind, body) SELECT id, 5, 0, 'gap', '{}' FROM runs",
+    ] {
+        let err = db.execute(sql, []).expect_err(sql);
+        assert!(err.to_string().contains("poimen:"), "{sql}: {err}");
+    }
+    // Status may change (through the store's rules), which raw SQL can also do.
+    db.execute("UPDATE runs SET status = 'running'", [])
+        .expect("status is mutable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_record_is_unchanged_on_disk_after_publishing_v2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let s = sqlite_at(&path).await;
+    let v1 = publish(&s, "a.flow", "1", None).await;
+    let read_row = || {
+        raw(&path)
+            .query_row(
+                "SELECT seq, version, parent, workflow_id, canonical, created_at FROM versions WHERE version = ?1",
+                [v1.version.to_string()],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Vec<u8>>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                },
+            )
+            .expect("row")
+    };
+    let before = read_row();
+    assert_eq!(
+        before.4,
+        canonical("a.flow", "1"),
+        "the canonical bytes as published"
+    );
+    let v2 = publish(&s, "a.flow", "2", Some(v1.version)).await;
+    assert_eq!(v2.parent, Some(v1.version));
+    // And publishing v1 again, with some parent, changes nothing either.
+    s.publish_version(NewVersion::of(
+        wf("a.flow"),
+        canonical("a.flow", "1"),
+        Some(v2.version),
+        T0 + 7,
+    ))
+    .await
+    .expect("republish");
+    assert_eq!(read_row(), before);
+    assert_eq!(s.version(&v1.version).await.expect("read"), Some(v1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_content_is_detected_on_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let s = sqlite_at(&path).await;
+    let marker = b"<<<poimen-blob-marker-0123456789abcdef-0123456789abcdef>>>".repeat(4);
+    let h = s.put_blob(marker.clone()).await.expect("put");
+    let v = publish(&s, "a.flow", "1", None).await;
+    drop(s); // checkpoints the WAL into the file
+
+    // Bit rot: flip one byte of the blob inside the file.
+    let mut bytes = std::fs::read(&path).expect("read");
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker.as_slice())
+        .expect("blob bytes in the file");
+    bytes[at + 10] ^= 0x01;
+    std::fs::write(&path, &bytes).expect("write");
+
+    // Through SQL: someone drops the guard and rewrites a version's bytes.
+    let db = raw(&path);
+    db.execute_batch(
+        "DROP TRIGGER versions_no_update;
+         UPDATE versions SET canonical = CAST('{\"id\":\"forged\"}' AS BLOB);",
+    )
+    .expect("tamper");
+    drop(db);
+
+    // The page structure is intact, so the store opens; the content is caught on read.
+    let s = sqlite_at(&path).await;
+    let err = s.blob(&h).await.expect_err("corrupt blob");
+    assert!(
+        matches!(&err, StoreError::Corrupt { detail, .. } if detail.contains(&h.to_string())),
+        "{err:?}"
+    );
+    assert!(err.is_corruption());
+    let err = s.version(&v.version).await.expect_err("corrupt version");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    let err = s
+        .versions_of(&wf("a.flow"))
+        .await
+        .expect_err("corrupt version in a list");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    // Publishing the true bytes again reports the conflict instead of "existing".
+    let err = s
+        .publish_version(NewVersion::of(
+            wf("a.flow"),
+            canonical("a.flow", "1"),
+            None,
+            T0,
+        ))
+        .await
+        .expect_err("conflict");
+    assert!(matches!(err, StoreError::VersionConflict { .. }), "{err:?}");
+}
+
+/// A store with enough in it to span many pages.
+async fn populated_store(path: &Path) {
+    let s = sqlite_at(path).await;
+    let run = make_run(&s, 1).await;
+    for k in 0..40u64 {
+        let mut c = commit_of(&run.id, vec![event(k, "filler")]);
+        c.blobs = vec![vec![k as u8; 3000]];
+        s.commit(c).await.expect("commit");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_and_foreign_files_are_refused_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // Truncated to half: Corrupt, and the file is left as it was.
+    let truncated = dir.path().join("truncated.db");
+    populated_store(&truncated).await;
+    let len = std::fs::metadata(&truncated).expect("meta").len();
+    assert!(len > 64 * 1024, "the store spans many pages ({len} bytes)");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&truncated)
+        .and_then(|f| f.set_len(len / 2))
+        .expect("truncate");
+    let before = file_digest(&truncated);
+    let err = SqliteStore::open(&truncated).await.expect_err("truncated");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("damaged"), "{err}");
+    assert_eq!(file_digest(&truncated), before, "nothing changed");
+
+    // Truncated inside the header.
+    let stub = dir.path().join("stub.db");
+    populated_store(&stub).await;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&stub)
+        .and_then(|f| f.set_len(60))
+        .expect("truncate");
+    let err = SqliteStore::open(&stub).await.expect_err("stub");
+    assert!(err.is_corruption(), "{err:?}");
+
+    // Empty file.
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").expect("write");
+    let err = SqliteStore::open(&empty).await.expect_err("empty");
+    assert!(
+        matches!(&err, StoreError::Corrupt { detail, .. } if detail.contains("empty")),
+        "{err:?}"
+    );
+
+    // Garbage.
+    let garbage = dir.path().join("garbage.db");
+    let junk: Vec<u8> = (0..20_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&garbage, &junk).expect("write");
+    let err = SqliteStore::open(&garbage).await.expect_err("garbage");
+    assert!(matches!(err, StoreError::NotADatabase { .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read(&garbage).expect("read"),
+        junk,
+        "nothing changed"
+    );
+
+    // Another application's SQLite database.
+    let foreign = dir.path().join("foreign.db");
+    raw(&foreign)
+        .execute_batch("CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('mine');")
+        .expect("foreign");
+    let err = SqliteStore::open(&foreign).await.expect_err("foreign");
+    assert!(
+        matches!(&err, StoreError::NotADatabase { detail, .. } if detail.contains("another application")),
+        "{err:?}"
+    );
+
+    // A directory.
+    let err = SqliteStore::open(dir.path()).await.expect_err("directory");
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    populated_store(&path).await;
+    raw(&path)
+        .execute_batch("PRAGMA user_version = 99;")
+        .expect("bump");
+    let before = file_digest(&path);
+    let err = SqliteStore::open(&path).await.expect_err("newer");
+    assert!(
+        matches!(
+            err,
+            StoreError::NewerSchema {
+                found: 99,
+                supported: SCHEMA_VERSION,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("99") && msg.contains(&SCHEMA_VERSION.to_string()),
+        "{msg}"
+    );
+    assert_eq!(file_digest(&path), before, "nothing changed");
+}
+
+/// The data in `tests/fixtures/store_v1.sql`, written through the current API.
+async fn fixture_contents(s: &dyn Store) {
+    let v1 = s
+        .publish_version(NewVersion::of(
+            wf("fixture.flow"),
+            canonical("fixture.flow", "one"),
+            None,
+            T0,
+        ))
+        .await
+        .expect("v1")
+        .record()
+        .clone();
+    s.publish_version(NewVersion::of(
+        wf("fixture.flow"),
+        canonical("fixture.flow", "two"),
+        Some(v1.version),
+        T0 + 1,
+    ))
+    .await
+    .expect("v2");
+    let parent = NewRun {
+        idempotency_key: Some("fixture-key".into()),
+        owner: Some("host-a".into()),
+        ..new_run(1, v1.version, &json!({"input": 1}))
+    };
+    s.create_run(parent).await.expect("run 1");
+    let child = NewRun {
+        parent: Some((run_id(1), StepId::from("sub"))),
+        ..new_run(2, v1.version, &json!({"input": 2}))
+    };
+    s.create_run(child).await.expect("run 2");
+    let out = b"{\"output\":2}".to_vec();
+    s.commit(Commit {
+        run: run_id(2),
+        blobs: vec![out.clone()],
+        events: vec![event(0, "run_started"), event(1, "run_completed")],
+        intents: vec![
+            intent(&run_id(2), "fetch", 1, IntentPhase::Pending),
+            intent(&run_id(2), "fetch", 1, IntentPhase::Dispatched),
+            intent(&run_id(2), "fetch", 1, IntentPhase::Committed),
+        ],
+        judgments: vec![],
+        run_update: Some(RunUpdate {
+            status: RunStatus::Completed,
+            reason: None,
+            output_hash: Some(BlobHash::of(&out)),
+            updated_at: T0 + 20,
+        }),
+        durability: Durability::Sync,
+    })
+    .await
+    .expect("child commit");
+    s.commit(Commit {
+        events: vec![event(0, "run_started"), event(1, "judgment_requested")],
+        judgments: vec![
+            JudgmentWrite::Open {
+                id: judgment_id(1),
+                step: StepId::from("review"),
+                iteration: 0,
+                request: json!({"question": "ok?"}),
+                request_hash: "b3:req1".into(),
+                at: T0 + 30,
+            },
+            JudgmentWrite::Open {
+                id: judgment_id(2),
+                step: StepId::from("review"),
+                iteration: 1,
+                request: json!({"question": "really?"}),
+                request_hash: "b3:req2".into(),
+                at: T0 + 31,
+            },
+            JudgmentWrite::Answer {
+                id: judgment_id(1),
+                result: json!({"verdict": true}),
+                at: T0 + 40,
+            },
+        ],
+        run_update: Some(RunUpdate {
+            status: RunStatus::WaitingJudgment,
+            reason: None,
+            output_hash: None,
+            updated_at: T0 + 31,
+        }),
+        ..Commit::new(run_id(1))
+    })
+    .await
+    .expect("parent commit");
+}
+
+/// Everything a store shows through the API, for comparing two stores.
+async fn observe(s: &dyn Store) -> Vec<String> {
+    let mut seen = vec![format!("{:?}", s.workflows().await.expect("workflows"))];
+    for w in s.workflows().await.expect("workflows") {
+        seen.push(format!(
+            "{:?}",
+            s.versions_of(&w.workflow_id).await.expect("versions")
+        ));
+    }
+    let runs = s.list_runs(RunFilter::default()).await.expect("runs");
+    seen.push(format!("{runs:?}"));
+    for r in &runs {
+        seen.push(format!("{:?}", s.events(&r.id).await.expect("events")));
+        seen.push(format!("{:?}", s.intents(&r.id).await.expect("intents")));
+        seen.push(format!("{:?}", s.children(&r.id).await.expect("children")));
+        seen.push(format!("{:?}", s.blob(&r.input_hash).await.expect("input")));
+        if let Some(o) = r.output_hash {
+            seen.push(format!("{:?}", s.blob(&o).await.expect("output")));
+        }
+    }
+    seen.push(format!("{:?}", s.open_judgments().await.expect("open")));
+    for n in 1..=2 {
+        seen.push(format!(
+            "{:?}",
+            s.judgment(&judgment_id(n)).await.expect("judgment")
+        ));
+    }
+    seen.push(format!(
+        "{:?}",
+        s.in_flight_runs().await.expect("in flight")
+    ));
+    seen.push(format!(
+        "{:?}",
+        s.runs_owned_by("host-a").await.expect("owned")
+    ));
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_store_opens_and_reads_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v1.db");
+    raw(&path)
+        .execute_batch(include_str!("fixtures/store_v1.sql"))
+        .expect("load the v1 fixture");
+    let s = sqlite_at(&path).await;
+    let version: i64 = raw(&path)
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("user_version");
+    assert_eq!(
+        version,
+        i64::from(SCHEMA_VERSION),
+        "upgraded to the current schema"
+    );
+    let applied: i64 = raw(&path)
+        .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+        .expect("migrations");
+    assert_eq!(applied, i64::from(SCHEMA_VERSION));
+
+    // It reads exactly like the same data written by this code.
+    let fresh = MemoryStore::new();
+    fixture_contents(&fresh).await;
+    assert_eq!(observe(&s).await, observe(&fresh).await);
+
+    // And it takes new writes.
+    let mut c = commit_of(&run_id(1), vec![event(2, "judgment_received")]);
+    c.judgments = vec![JudgmentWrite::Answer {
+        id: judgment_id(2),
+        result: json!({"verdict": false}),
+        at: T0 + 50,
+    }];
+    s.commit(c).await.expect("write to upgraded store");
+    assert!(s.open_judgments().await.expect("open").is_empty());
+}
+
+// ------------------------------------------------- read-only and full disks
+
+/// A tmpfs mounted for one test, unmounted when dropped. `None` where this
+/// process may not mount (not root).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn remount(&self, opts: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(self.dir.path())
+            .status()
+            .expect("mount");
+        assert!(status.success(), "remount {opts}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_store_is_refused_and_left_unchanged() {
+    // Root ignores file modes, so as root the store sits on a tmpfs that is
+    // remounted read-only; otherwise the file and directory lose write bits.
+    let mount = if is_root() {
+        match Tmpfs::mount("8m") {
+            Some(m) => Some(m),
+            None => {
+                eprintln!("skipped: running as root without permission to mount a tmpfs");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = mount.as_ref().map_or(tmp.path(), Tmpfs::path).join("ro");
+    let path = dir.join("poimen.db");
+    populated_store(&path).await;
+    match &mount {
+        Some(m) => m.remount("ro"),
+        None => {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+        }
+    }
+    let before = file_digest(&path);
+    let err = SqliteStore::open(&path).await.expect_err("read-only");
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
+    assert!(err.is_unavailable());
+    assert!(err.to_string().contains("read-only"), "{err}");
+    assert_eq!(file_digest(&path), before, "nothing changed");
+    assert!(!sibling(&path, "-wal").exists() && !sibling(&path, "-shm").exists());
+
+    // A new store in a read-only directory: refused, nothing created.
+    let fresh = dir.join("sub").join("new.db");
+    let err = SqliteStore::open(&fresh).await.expect_err("read-only dir");
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err:?}");
+    assert!(!fresh.exists());
+
+    if mount.is_none() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
+    }
+}
+
+/// Fills the store with blob commits until the store reports Full; checks
+/// the failed commit left nothing and the store still answers reads.
+/// Returns how many commits went in.
+async fn fill_until_full(s: &SqliteStore, run: &RunId) -> u64 {
+    for k in 0..100_000u64 {
+        let blob: Vec<u8> = (0..16 * 1024u32)
+            .map(|i| (i as u64 ^ k).wrapping_mul(31) as u8)
+            .collect();
+        let mut c = commit_of(run, vec![event(k, "filler")]);
+        c.blobs = vec![blob.clone()];
+        match s.commit(c).await {
+            Ok(()) => continue,
+            Err(err) => {
+                assert!(matches!(err, StoreError::Full { .. }), "{err:?}");
+                assert!(err.is_unavailable());
+                let events = s.events(run).await.expect("reads still work");
+                assert_eq!(events.len() as u64, k, "the failed commit left nothing");
+                assert_eq!(s.blob(&BlobHash::of(&blob)).await.expect("read"), None);
+                return k;
+            }
+        }
+    }
+    panic!("the store never filled up")
+}
+
+async fn assert_consistent(path: &Path, run: &RunId, committed: u64) {
+    let s = sqlite_at(path).await; // quick_check runs at open
+    let seqs: Vec<u64> = s
+        .events(run)
+        .await
+        .expect("events")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, (0..committed).collect::<Vec<_>>());
+    let ok: String = raw(path)
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(ok, "ok");
+    // And it takes writes again.
+    s.commit(commit_of(run, vec![event(committed, "after")]))
+        .await
+        .expect("write after");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_refuses_the_write_and_stays_consistent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let run = {
+        let s = sqlite_at(&path).await;
+        make_run(&s, 1).await.id
+    };
+    let limited = SqliteOptions {
+        max_page_count: Some(200),
+        ..SqliteOptions::default()
+    };
+    let s = SqliteStore::open_with(&path, limited).await.expect("open");
+    let committed = fill_until_full(&s, &run).await;
+    assert!(committed > 0);
+    drop(s);
+    assert_consistent(&path, &run, committed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_filesystem_refuses_the_write_and_stays_consistent() {
+    let Some(fs) = Tmpfs::mount("2m") else {
+        eprintln!(
+            "skipped: cannot mount a tmpfs here (not root); the page-limit test covers SQLITE_FULL"
+        );
+        return;
+    };
+    let path = fs.path().join("poimen.db");
+    let s = sqlite_at(&path).await;
+    let run = make_run(&s, 1).await.id;
+    let committed = fill_until_full(&s, &run).await;
+    assert!(committed > 0);
+    eprintln!("the 2 MiB tmpfs took {committed} commits");
+    drop(s);
+
+    // Reopening on the still-full disk either works or says Full: never corrupt.
+    match SqliteStore::open(&path).await {
+        Ok(s) => {
+            let n = s.events(&run).await.expect("events").len() as u64;
+            assert_eq!(n, committed);
+            eprintln!("reopened on the full file system: {n} commits readable");
+        }
+        Err(err) => {
+            assert!(matches!(err, StoreError::Full { .. }), "{err:?}");
+            eprintln!("reopening on the full file system: {err}");
+        }
+    }
+    // With room again, everything committed is there and the store is whole.
+    fs.remount("size=8m");
+    assert_consistent(&path, &run, committed).await;
+}
+
+// ------------------------------------------------------------- crash safety
+
+const CRASH_ENV: &str = "POIMEN_STORE_CRASH_CHILD";
+
+/// Not a test of its own: the body of the child process that
+/// `sigkill_mid_commit_loses_nothing_returned` starts (this same test
+/// binary, run with `CRASH_ENV` set) and kills. Without the variable it
+/// returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_child_entry() {
+    let Ok(path) = std::env::var(CRASH_ENV) else {
+        return;
+    };
+    let s = sqlite_at(Path::new(&path)).await;
+    let run = run_id(1);
+    if s.run(&run).await.expect("read").is_none() {
+        let v = publish(&s, "crash.flow", "1", None).await;
+        s.create_run(new_run(1, v.version, &json!({})))
+            .await
+            .expect("run");
+    }
+    let mut next = s.events(&run).await.expect("events").len() as u64;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let mut c = commit_of(&run, vec![event(next, "tick")]);
+        c.durability = if next.is_multiple_of(3) {
+            Durability::Sync
+        } else {
+            Durability::Buffered
+        };
+        c.blobs = vec![next.to_le_bytes().repeat(512)];
+        c.intents = vec![IntentRecord {
+            iteration: next as u32,
+            ..intent(&run, "tick", 1, IntentPhase::Pending)
+        }];
+        s.commit(c).await.expect("commit");
+        // Reported only after `commit` returned.
+        writeln!(out, "committed {next}").expect("stdout");
+        out.flush().expect("flush");
+        next += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_commit_loses_nothing_returned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut reported: BTreeSet<u64> = BTreeSet::new();
+    for round in 0..4u64 {
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CRASH_ENV, &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let want = 40 + 25 * round;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut this_round = 0;
+        while this_round < want && Instant::now() < deadline {
+            let Some(Ok(line)) = lines.next() else { break };
+            if let Some(n) = line.strip_prefix("committed ") {
+                reported.insert(n.parse().expect("seq"));
+                this_round += 1;
+            }
+        }
+        child.kill().expect("SIGKILL"); // SIGKILL on Unix: no destructor, no checkpoint
+        child.wait().expect("reap");
+        // Read what the pipe still held: commits returned before the kill.
+        for line in lines.map_while(Result::ok) {
+            if let Some(n) = line.strip_prefix("committed ") {
+                reported.insert(n.parse().expect("seq"));
+            }
+        }
+        assert!(this_round > 0, "round {round}: the child committed nothing");
+
+        let s = sqlite_at(&path).await; // quick_check at open
+        let events = s.events(&run_id(1)).await.expect("events");
+        let stored: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(
+            stored,
+            (0..stored.len() as u64).collect::<Vec<_>>(),
+            "no gaps"
+        );
+        let missing: Vec<_> = reported
+            .iter()
+            .filter(|n| **n >= stored.len() as u64)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "round {round}: returned commits lost: {missing:?}"
+        );
+        for e in &events {
+            let blob = e.seq.to_le_bytes().repeat(512);
+            assert_eq!(
+                s.blob(&BlobHash::of(&blob)).await.expect("blob"),
+                Some(blob)
+            );
+        }
+        assert_eq!(
+            s.intents(&run_id(1)).await.expect("intents").len(),
+            events.len()
+        );
+        eprintln!(
+            "round {round}: {} commits reported returned in all, {} stored",
+            reported.len(),
+            stored.len()
+        );
+        drop(s);
+        let ok: String = raw(&path)
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .expect("integrity_check");
+        assert_eq!(ok, "ok");
+    }
+}
+
+// ------------------------------------------------------------------- misc
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_creates_parent_directories_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("a/b/c/poimen.db");
+    let v = {
+        let s = sqlite_at(&path).await;
+        assert_eq!(s.path(), path.as_path());
+        publish(&s, "a.flow", "1", None).await
+    };
+    let s = sqlite_at(&path).await;
+    assert_eq!(s.version(&v.version).await.expect("read"), Some(v));
+    let app: i64 = raw(&path)
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .expect("application_id");
+    assert_eq!(app, i64::from(store::APPLICATION_ID));
+    let mode: String = raw(&path)
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .expect("journal_mode");
+    assert_eq!(mode, "wal");
+}
+
+#[test]
+fn errors_say_what_where_and_what_to_do() {
+    let p = PathBuf::from("/data/poimen.db");
+    let msgs = [
+        StoreError::ReadOnly {
+            path: p.clone(),
+            cause: "EROFS".into(),
+        }
+        .to_string(),
+        StoreError::Full { path: p.clone() }.to_string(),
+        StoreError::NewerSchema {
+            path: p.clone(),
+            found: 3,
+            supported: 1,
+        }
+        .to_string(),
+        StoreError::Corrupt {
+            path: p.clone(),
+            detail: "quick_check failed".into(),
+        }
+        .to_string(),
+    ];
+    for m in &msgs {
+        assert!(m.contains("/data/poimen.db"), "{m}");
+    }
+    assert!(msgs[0].contains("writable"), "{}", msgs[0]);
+    assert!(msgs[1].contains("free space"), "{}", msgs[1]);
+    assert!(
+        msgs[2].contains('3') && msgs[2].contains('1') && msgs[2].contains("newer poimen"),
+        "{}",
+        msgs[2]
+    );
+    assert!(msgs[3].contains("backup"), "{}", msgs[3]);
+}

@@ -1,0 +1,226 @@
+//! The command line, parsed in one place (validated in `commands`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success (a run completed)
+  1  a run failed or was cancelled
+  2  usage: bad arguments or input, a missing file, an unknown run/version/judgment
+  3  a workflow does not parse or validate
+  4  a run is blocked (needs `poimen reconcile`) or waiting (needs `poimen judgment submit`)
+  5  the environment failed (store, plugin host, disk)
+
+Store: --store PATH, else $POIMEN_HOME/poimen.db, else ./.poimen/poimen.db";
+
+/// poimen: a workflow kernel and WebAssembly plugin host.
+#[derive(Debug, Parser)]
+#[command(name = "poimen", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every verb takes.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The store file (SQLite).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub store: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Also load the plugins (components) in this directory; repeatable.
+    #[arg(long = "plugins", global = true, value_name = "DIR")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Capability policy file (TOML) granting plugins what they declare.
+    #[arg(long, global = true, value_name = "FILE", env = "POIMEN_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Where compiled plugins are cached (default: `cache/` beside the store).
+    #[arg(long, global = true, value_name = "DIR", env = "POIMEN_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Do not register the bundled first-party plugins.
+    #[arg(long, global = true)]
+    pub no_bundled: bool,
+    /// OpenAI-compatible endpoint for model steps, e.g. http://127.0.0.1:11434/v1.
+    #[arg(long, global = true, value_name = "URL", env = "POIMEN_MODEL_URL")]
+    pub model: Option<String>,
+    /// Model name used when a step names none.
+    #[arg(long, global = true, value_name = "NAME", env = "POIMEN_MODEL_NAME", default_value = "llama3.2")]
+    pub model_name: String,
+    /// Environment variable holding the endpoint's API key.
+    #[arg(long, global = true, value_name = "VAR", default_value = "OPENAI_API_KEY")]
+    pub api_key_env: String,
+    /// Send each step's reasoning effort to the endpoint.
+    #[arg(long, global = true)]
+    pub send_effort: bool,
+    /// Answer model steps from a script of rules (JSON) instead of an endpoint.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "model")]
+    pub model_script: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check workflow files; report every problem of every file.
+    #[command(after_help = "Example: poimen validate flows/*.yaml --json")]
+    Validate {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Also require eligibility for shadow evaluation.
+        #[arg(long)]
+        shadow: bool,
+    },
+    /// Print each file's workflow version (the hash of its meaning).
+    #[command(after_help = "Example: poimen version flow.yaml flow.json")]
+    Version {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Validate and publish a workflow version.
+    #[command(after_help = "Example: poimen publish flow.yaml --parent b3:1a2b3c")]
+    Publish {
+        file: PathBuf,
+        /// The version this one derives from.
+        #[arg(long, value_name = "VERSION")]
+        parent: Option<String>,
+    },
+    /// Published workflows, or the version DAG of one.
+    #[command(after_help = "Example: poimen versions triage")]
+    Versions {
+        /// Workflow id; all workflows when absent.
+        workflow: Option<String>,
+    },
+    /// Print a version's canonical form.
+    #[command(after_help = "Example: poimen show b3:1a2b3c")]
+    Show { version: String },
+    /// Say in words what changed between two versions (or files).
+    #[command(after_help = "Example: poimen diff b3:1a2b3c flow.yaml")]
+    Diff { old: String, new: String },
+    /// Print the JSON Schema of the workflow format (for editors).
+    #[command(after_help = "Example: poimen schema > workflow.schema.json")]
+    Schema,
+    /// Show the execution plan: steps in order, fan-outs, tools with digests, eligibility.
+    #[command(after_help = "Example: poimen plan flow.yaml")]
+    Plan { target: String },
+    /// Run a workflow (a file, or a published version) on an input.
+    #[command(after_help = "Example: poimen run flow.yaml --input '{\"text\": \"hello\"}'")]
+    Run {
+        target: String,
+        /// Input JSON, or @FILE to read it from a file.
+        #[arg(long, short, default_value = "{}")]
+        input: String,
+        /// Same key and input returns the existing run; another input is refused.
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
+    },
+    /// A run's status, or recent runs.
+    #[command(after_help = "Example: poimen status WFR-01J...")]
+    Status {
+        run: Option<String>,
+        /// How many recent runs to list.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// A run's episode: every event, in order.
+    #[command(after_help = "Example: poimen episode WFR-01J... --json")]
+    Episode { run: String },
+    /// A run's intents and hostcall records.
+    #[command(after_help = "Example: poimen audit WFR-01J...")]
+    Audit { run: String },
+    /// Drive a stopped run again.
+    #[command(after_help = "Example: poimen resume WFR-01J...")]
+    Resume { run: String },
+    /// Cancel a run.
+    #[command(after_help = "Example: poimen cancel WFR-01J...")]
+    Cancel { run: String },
+    /// Run a failed run again from a step (by default the one that failed).
+    #[command(after_help = "Example: poimen retry WFR-01J... --from fetch")]
+    Retry {
+        run: String,
+        #[arg(long, value_name = "STEP")]
+        from: Option<String>,
+    },
+    /// Decide the outcome of a tool call left unknown by a crash, and resume.
+    #[command(after_help = "Example: poimen reconcile WFR-01J... charge --committed '{\"ok\": true}'")]
+    Reconcile {
+        run: String,
+        step: String,
+        /// The call happened; its output (JSON, or @FILE).
+        #[arg(long, value_name = "OUTPUT", conflicts_with = "failed", required_unless_present = "failed")]
+        committed: Option<String>,
+        /// The call did not happen (or is to be treated as failed).
+        #[arg(long, value_name = "REASON")]
+        failed: Option<String>,
+    },
+    /// Judgment requests: list, show, submit.
+    #[command(subcommand)]
+    Judgment(JudgmentCmd),
+    /// Plugins: list, inspect, add, call.
+    #[command(subcommand)]
+    Plugin(PluginCmd),
+    /// Drive every run this store left in flight (after a crash).
+    #[command(after_help = "Example: poimen recover")]
+    Recover,
+    /// Serve the Model Context Protocol over stdio.
+    #[command(after_help = "Example: poimen mcp --store /srv/poimen.db")]
+    Mcp,
+    /// Print shell completions.
+    #[command(after_help = "Example: poimen completions bash > /etc/bash_completion.d/poimen")]
+    Completions { shell: Shell },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JudgmentCmd {
+    /// Open judgment requests.
+    #[command(after_help = "Example: poimen judgment list")]
+    List,
+    /// One request: its sources with hashes, result schema, executor, request hash.
+    #[command(after_help = "Example: poimen judgment show WFJ-01J...")]
+    Show { id: String },
+    /// Submit a result; the engine validates it before the run resumes.
+    #[command(after_help = "Example: poimen judgment submit WFJ-01J... --file answer.json")]
+    Submit {
+        id: String,
+        /// JSON: {\"request_hash\", \"result\", \"executor\"?, \"profile\"?, \"provenance\": {\"judge\": ...}}.
+        #[arg(long, value_name = "RESULT")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCmd {
+    /// Registered tools and verifiers.
+    #[command(after_help = "Example: poimen plugin list")]
+    List,
+    /// A component's descriptor, actual imports, capabilities and eligibility.
+    #[command(after_help = "Example: poimen plugin inspect target/wasm32-wasip2/release/my_tool.wasm")]
+    Inspect { file: PathBuf },
+    /// Copy a component into the store's plugin directory under its digest.
+    #[command(after_help = "Example: poimen plugin add my_tool.wasm")]
+    Add { file: PathBuf },
+    /// Invoke a tool through the host, with a hostcall record.
+    #[command(after_help = "Example: poimen plugin call text '{\"op\": \"count\", \"pattern\": \"o\", \"text\": \"foo\"}'")]
+    Call {
+        /// Tool name, optionally with a semver range (`text@^0.1`).
+        tool: String,
+        /// Arguments (JSON, or @FILE).
+        #[arg(default_value = "{}")]
+        args: String,
+        /// Idempotency key handed to the tool.
+        #[arg(long, default_value = "cli")]
+        key: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+    Elvish,
+    Powershell,
+}

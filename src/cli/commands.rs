@@ -1,0 +1,757 @@
+//! The verbs: each reads its arguments, calls `poimen::Host`, and prints text
+//! or (`--json`) JSON. Progress goes to stderr and only on a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::CommandFactory;
+use poimen::{Host, ModelChoice, OpenAiConfig, Reconciliation, RunOutcome, RunStatus, Target};
+use serde_json::{json, Value};
+
+use super::args::{Cli, Command, Global, JudgmentCmd, PluginCmd, Shell};
+use super::{exit, Invalid, Usage};
+
+/// Runs one command; returns the exit code.
+pub async fn run(cli: Cli) -> Result<u8> {
+    let g = &cli.global;
+    match cli.command {
+        Command::Schema => {
+            println!("{}", serde_json::to_string_pretty(&workflow::json_schema())?);
+            Ok(exit::OK)
+        }
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            let shell = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+                Shell::Elvish => clap_complete::Shell::Elvish,
+                Shell::Powershell => clap_complete::Shell::PowerShell,
+            };
+            clap_complete::generate(shell, &mut cmd, "poimen", &mut std::io::stdout());
+            Ok(exit::OK)
+        }
+        Command::Version { files } => version(g, &files),
+        command => {
+            let host = build_host(g).await?;
+            dispatch(g, &host, command).await
+        }
+    }
+}
+
+fn store_path(g: &Global) -> Result<PathBuf> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let home = std::env::var_os("POIMEN_HOME");
+    Ok(store::StoreLocation::resolve(g.store.as_deref(), home.as_deref(), &cwd).path)
+}
+
+fn plugin_store_dir(g: &Global) -> Result<PathBuf> {
+    let path = store_path(g)?;
+    Ok(path.parent().map(|p| p.join("plugins")).unwrap_or_else(|| PathBuf::from("plugins")))
+}
+
+async fn build_host(g: &Global) -> Result<Host> {
+    let mut b = Host::builder().store_path(store_path(g)?).bundled_plugins(!g.no_bundled);
+    let added = plugin_store_dir(g)?;
+    if added.is_dir() {
+        b = b.plugin_dir(added);
+    }
+    for d in &g.plugin_dirs {
+        b = b.plugin_dir(d.clone());
+    }
+    if let Some(p) = &g.policy {
+        b = b.policy_file(p.clone());
+    }
+    if let Some(c) = &g.cache_dir {
+        b = b.cache_dir(c.clone());
+    }
+    let model = match (&g.model, &g.model_script) {
+        (Some(url), _) => ModelChoice::OpenAi(OpenAiConfig {
+            base_url: url.clone(),
+            model: g.model_name.clone(),
+            api_key: std::env::var(&g.api_key_env).ok(),
+            effort: if g.send_effort { poimen::EffortMode::Send } else { poimen::EffortMode::Omit },
+        }),
+        (None, Some(script)) => {
+            let text = std::fs::read_to_string(script)
+                .map_err(|e| Usage(format!("cannot read the model script {}: {e}", script.display())))?;
+            let rules: Vec<poimen::Rule> = serde_json::from_str(&text).map_err(|e| {
+                Usage(format!(
+                    "{}: not a model script ({e}); write a JSON list like [{{\"when\": \"classify\", \"answer\": \"bug\"}}]",
+                    script.display()
+                ))
+            })?;
+            ModelChoice::Scripted(rules)
+        }
+        (None, None) => ModelChoice::None,
+    };
+    Ok(b.model(model).build().await?)
+}
+
+/// Reads `@FILE` or inline JSON.
+fn json_arg(text: &str, what: &str) -> Result<Value> {
+    let (body, origin) = match text.strip_prefix('@') {
+        Some(path) => (
+            std::fs::read_to_string(path).map_err(|e| Usage(format!("cannot read {what} file {path}: {e}")))?,
+            path.to_owned(),
+        ),
+        None => (text.to_owned(), "the command line".to_owned()),
+    };
+    serde_json::from_str(&body).map_err(|e| {
+        Usage(format!("{what} from {origin} is not valid JSON ({e}); quote it, e.g. --input '{{\"text\": \"hello\"}}'")).into()
+    })
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn version(g: &Global, files: &[PathBuf]) -> Result<u8> {
+    let mut code = exit::OK;
+    let mut rows = Vec::new();
+    for f in files {
+        match poimen::load_file(f) {
+            Ok(l) => {
+                if !g.json {
+                    println!("{}  {}", l.version, f.display());
+                }
+                rows.push(json!({"file": f, "workflow": l.def.id, "version": l.version}));
+            }
+            Err(e) => {
+                code = code.max(super::exit_code_of(&e));
+                eprintln!("error: {e}");
+                rows.push(json!({"file": f, "error": e.to_string()}));
+            }
+        }
+    }
+    if g.json {
+        print_json(&rows)?;
+    }
+    Ok(code)
+}
+
+async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
+    match command {
+        Command::Validate { files, shadow } => validate(g, host, &files, shadow).await,
+        Command::Publish { file, parent } => {
+            let loaded = host.load_file(&file)?;
+            let p = host.publish(&loaded.def, parent.as_deref()).await?;
+            if g.json {
+                print_json(&p)?;
+            } else {
+                let what = if p.created { "published" } else { "already published (nothing written)" };
+                println!("{}  {} {what}", p.version, p.workflow);
+                if let Some(parent) = p.parent {
+                    println!("  parent {parent}");
+                }
+                if let Some(ignored) = p.ignored_parent {
+                    println!("  note: the stored record keeps its parent; --parent {ignored} was not recorded");
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Versions { workflow } => {
+            match workflow {
+                Some(w) => {
+                    let list = host.versions(&w).await?;
+                    if g.json {
+                        let rows: Vec<Value> = list
+                            .iter()
+                            .map(|r| json!({"version": r.version, "parent": r.parent, "created_at": r.created_at}))
+                            .collect();
+                        print_json(&rows)?;
+                    } else {
+                        for r in &list {
+                            match r.parent {
+                                Some(p) => println!("{}  <- {}", r.version, p.short(12)),
+                                None => println!("{}  (root)", r.version),
+                            }
+                        }
+                    }
+                }
+                None => {
+                    let list = host.workflows().await?;
+                    if g.json {
+                        print_json(&list)?;
+                    } else if list.is_empty() {
+                        println!("no published workflows; `poimen publish FILE` publishes one");
+                    } else {
+                        for w in &list {
+                            println!("{:<32} {} version(s), latest {}", w.workflow_id, w.versions, w.latest.short(12));
+                        }
+                    }
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Show { version } => {
+            let (record, _) = host.version(&version).await?;
+            if g.json {
+                let v: Value = serde_json::from_slice(&record.canonical)?;
+                print_json(&json!({"version": record.version, "parent": record.parent, "workflow": record.workflow_id, "created_at": record.created_at, "canonical": v}))?;
+            } else {
+                std::io::stdout().write_all(&record.canonical)?;
+                println!();
+            }
+            Ok(exit::OK)
+        }
+        Command::Diff { old, new } => {
+            let a = load_def(host, &old).await?;
+            let b = load_def(host, &new).await?;
+            let changes = poimen::diff::diff(&a, &b);
+            if g.json {
+                print_json(&changes)?;
+            } else if changes.is_empty() {
+                println!("no changes: both are {}", workflow::version_of(&a));
+            } else {
+                println!("{} -> {}", workflow::version_of(&a).short(12), workflow::version_of(&b).short(12));
+                for c in &changes {
+                    println!("  - {c}");
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Plan { target } => {
+            let plan = host.plan(&Target::parse(&target)).await?;
+            if g.json {
+                print_json(&plan)?;
+            } else {
+                print_plan(&plan);
+            }
+            Ok(exit::OK)
+        }
+        Command::Run { target, input, idempotency_key } => {
+            let input = json_arg(&input, "--input")?;
+            run_verb(g, host, &target, input, idempotency_key).await
+        }
+        Command::Status { run, limit } => status(g, host, run.as_deref(), limit).await,
+        Command::Episode { run } => {
+            let episode = host.episode(&run).await?;
+            if g.json {
+                print_json(&episode)?;
+            } else {
+                for r in &episode.events {
+                    println!("{:>4}  {}", r.seq, describe_event(&r.event));
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Audit { run } => {
+            let audit = host.audit(&run).await?;
+            if g.json {
+                print_json(&audit)?;
+            } else {
+                println!("run {} ({})", audit.run.id, audit.run.status);
+                println!("intents:");
+                for i in &audit.intents {
+                    println!(
+                        "  {} #{} attempt {}  {:<10} {}@{} {}  key {}",
+                        i.step, i.iteration, i.attempt, i.phase.as_str(), i.tool, i.tool_version, short(&i.digest), i.idempotency_key
+                    );
+                }
+                println!("tool calls:");
+                for c in &audit.tool_calls {
+                    let rec = &c["record"];
+                    println!(
+                        "  {} attempt {}: {} {} → {}  host calls: {}",
+                        c["step"].as_str().unwrap_or("?"),
+                        c["attempt"],
+                        c["tool"]["name"].as_str().unwrap_or("?"),
+                        c["args_hash"].as_str().map(short).unwrap_or_default(),
+                        c["outcome"]["result"].as_str().unwrap_or("?"),
+                        rec["host_calls"].as_array().map_or(0, Vec::len)
+                    );
+                }
+                if audit.incomplete.is_empty() {
+                    println!("every tool call has its Pending/Dispatched/final intent records");
+                } else {
+                    println!("incomplete intent records:");
+                    for i in &audit.incomplete {
+                        println!("  {i}");
+                    }
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Resume { run } => {
+            let out = host.resume(&run).await?;
+            finish(g, &out)
+        }
+        Command::Cancel { run } => {
+            let rec = host.cancel(&run).await?;
+            if g.json {
+                print_json(&rec)?;
+            } else {
+                println!("{} {}", rec.id, rec.status);
+            }
+            Ok(exit::OK)
+        }
+        Command::Retry { run, from } => {
+            let out = host.retry(&run, from.as_deref()).await?;
+            finish(g, &out)
+        }
+        Command::Reconcile { run, step, committed, failed } => {
+            let decision = match (committed, failed) {
+                (Some(c), _) => Reconciliation::Committed { output: json_arg(&c, "--committed")? },
+                (None, Some(reason)) => Reconciliation::Failed { reason },
+                (None, None) => return Err(Usage("give --committed OUTPUT or --failed REASON".into()).into()),
+            };
+            let out = host.reconcile(&run, &step, decision).await?;
+            finish(g, &out)
+        }
+        Command::Judgment(j) => judgment(g, host, j).await,
+        Command::Plugin(p) => plugin(g, host, p).await,
+        Command::Recover => {
+            let outs = host.recover().await?;
+            if g.json {
+                let rows: Vec<Value> = outs.iter().map(outcome_json).collect();
+                print_json(&rows)?;
+            } else if outs.is_empty() {
+                println!("no runs were left in flight");
+            } else {
+                for o in &outs {
+                    println!("{} {}", o.run, o.status);
+                }
+            }
+            Ok(exit::OK)
+        }
+        Command::Mcp => {
+            poimen::mcp::serve_stdio(host.clone()).await?;
+            Ok(exit::OK)
+        }
+        Command::Schema | Command::Completions { .. } | Command::Version { .. } => Ok(exit::OK),
+    }
+}
+
+async fn load_def(host: &Host, text: &str) -> Result<workflow::WorkflowDef> {
+    Ok(match Target::parse(text) {
+        Target::File(p) => host.load_file(&p)?.def,
+        Target::Version(v) => host.version(&v).await?.1,
+    })
+}
+
+async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> Result<u8> {
+    let mut code = exit::OK;
+    let mut report = Vec::new();
+    for f in files {
+        let loaded = match host.load_file(f) {
+            Ok(l) => l,
+            Err(e) => {
+                code = code.max(super::exit_code_of(&e));
+                if !g.json {
+                    eprintln!("{}: {e}", f.display());
+                }
+                report.push(json!({"file": f, "valid": false, "errors": [{"code": "parse", "message": e.to_string()}]}));
+                continue;
+            }
+        };
+        match host.validate(&loaded.def).await {
+            Ok(v) => {
+                let eligible = v.eligibility().is_eligible();
+                if shadow && !eligible {
+                    code = code.max(exit::INVALID);
+                    if !g.json {
+                        eprintln!("{}: not eligible for shadow evaluation:", f.display());
+                        for s in &v.eligibility().ineligible {
+                            eprintln!("  - {}", serde_json::to_string(s)?);
+                        }
+                    }
+                } else if !g.json {
+                    println!("{}: ok ({}){}", f.display(), loaded.version.short(12), if eligible { ", shadow-eligible" } else { "" });
+                }
+                report.push(json!({"file": f, "valid": !(shadow && !eligible), "version": loaded.version, "eligibility": v.eligibility()}));
+            }
+            Err(poimen::Error::Invalid { errors, .. }) => {
+                code = code.max(exit::INVALID);
+                if !g.json {
+                    eprintln!("{}: {} problem(s)", f.display(), errors.len());
+                    for e in &errors {
+                        eprintln!("  - {e}");
+                    }
+                }
+                report.push(json!({"file": f, "valid": false, "errors": errors}));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if g.json {
+        print_json(&report)?;
+    }
+    Ok(code)
+}
+
+fn print_plan(plan: &poimen::Plan) {
+    println!("{} {}", plan.workflow, plan.version);
+    for s in &plan.steps {
+        let indent = if s.owner.is_some() { "    " } else { "  " };
+        let mut line = format!("{indent}{} ({})", s.id, s.kind);
+        if !s.runs.is_empty() {
+            line.push_str(&format!(" runs {}", s.runs.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")));
+        }
+        if let Some(t) = &s.tool {
+            line.push_str(&format!(" tool {}@{} {} [{}] {}", t.name, t.version, short(&t.digest), t.effect, caps(&t.capabilities)));
+        }
+        for v in &s.verifiers {
+            line.push_str(&format!(" verify {}@{}", v.name, v.version));
+        }
+        if let Some(v) = &s.sub_workflow {
+            line.push_str(&format!(" child {}", v.short(12)));
+        }
+        if s.max_attempts > 1 {
+            line.push_str(&format!(" retry ×{}", s.max_attempts));
+        }
+        println!("{line}");
+    }
+    for (from, to, n) in &plan.loops {
+        println!("  loop {from} -> {to} at most {n} time(s)");
+    }
+    if plan.eligibility.is_eligible() {
+        println!("shadow evaluation: eligible");
+    } else {
+        println!("shadow evaluation: not eligible");
+        for s in &plan.eligibility.ineligible {
+            println!("  - {}", serde_json::to_string(s).unwrap_or_default());
+        }
+    }
+}
+
+fn caps(c: &[workflow::Capability]) -> String {
+    if c.is_empty() {
+        String::new()
+    } else {
+        c.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+    }
+}
+
+fn short(h: &str) -> String {
+    h.chars().take(15).collect()
+}
+
+fn outcome_json(o: &RunOutcome) -> Value {
+    json!({"run": o.run, "status": o.status, "output": o.output, "reason": o.reason})
+}
+
+fn code_of(status: RunStatus) -> u8 {
+    match status {
+        RunStatus::Completed => exit::OK,
+        RunStatus::Failed | RunStatus::Cancelled => exit::RUN_FAILED,
+        RunStatus::Blocked | RunStatus::WaitingJudgment => exit::STOPPED,
+        RunStatus::Running | RunStatus::Queued => exit::ERROR,
+    }
+}
+
+/// Prints a run's outcome; the output last.
+fn finish(g: &Global, out: &RunOutcome) -> Result<u8> {
+    if g.json {
+        print_json(&outcome_json(out))?;
+    } else {
+        match out.status {
+            RunStatus::Completed => eprintln!("{} completed", out.run),
+            RunStatus::WaitingJudgment => eprintln!(
+                "{} is waiting for a judgment: {}\n  see `poimen judgment list`",
+                out.run,
+                out.reason.clone().unwrap_or_default()
+            ),
+            RunStatus::Blocked => eprintln!("{} is blocked: {}", out.run, out.reason.clone().unwrap_or_default()),
+            other => eprintln!("{} {other}: {}", out.run, out.reason.clone().unwrap_or_default()),
+        }
+        if let Some(o) = &out.output {
+            println!("{}", serde_json::to_string_pretty(o)?);
+        }
+    }
+    Ok(code_of(out.status))
+}
+
+async fn run_verb(g: &Global, host: &Host, target: &str, input: Value, key: Option<String>) -> Result<u8> {
+    let target = Target::parse(target);
+    if let Target::File(p) = &target {
+        if !p.exists() {
+            return Err(Usage(format!("{} does not exist", p.display())).into());
+        }
+    }
+    let run = host.start(&target, input, key).await?;
+    let live = !g.json && std::io::stderr().is_terminal();
+    if g.json {
+        // Machines get one document at the end.
+    } else {
+        println!("{run}");
+    }
+    let mut seen = 0usize;
+    let spinner = if live {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.enable_steady_tick(Duration::from_millis(120));
+        Some(pb)
+    } else {
+        None
+    };
+    loop {
+        let (rec, _) = host.status(run.as_str()).await?;
+        if let Some(pb) = &spinner {
+            let episode = host.episode(run.as_str()).await?;
+            for r in episode.events.iter().skip(seen) {
+                if let Some(line) = progress_line(&r.event) {
+                    pb.println(line);
+                }
+            }
+            seen = episode.events.len();
+        }
+        if rec.status != RunStatus::Running && rec.status != RunStatus::Queued {
+            if let Some(pb) = spinner {
+                pb.finish_and_clear();
+            }
+            let state = host.status(run.as_str()).await?.1;
+            let out = RunOutcome { run: rec.id, status: rec.status, output: state.output.clone(), reason: rec.reason, state };
+            return finish(g, &out);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn progress_line(e: &executor::EpisodeEvent) -> Option<String> {
+    use executor::EpisodeEvent as E;
+    Some(match e {
+        E::StepStarted { step, iteration, kind, .. } => {
+            if *iteration > 1 {
+                format!("  ▸ {step} ({kind}, iteration {iteration})")
+            } else {
+                format!("  ▸ {step} ({kind})")
+            }
+        }
+        E::StepFinished { step, status, failure, .. } => match failure {
+            Some(f) => format!("  ✗ {step} {status:?}: {f}"),
+            None => format!("  ✓ {step} {}", format!("{status:?}").to_lowercase()),
+        },
+        E::AttemptFinished { step, attempt, failure: Some(f), .. } => format!("    attempt {attempt} of {step} failed: {f}"),
+        _ => return None,
+    })
+}
+
+fn describe_event(e: &executor::EpisodeEvent) -> String {
+    use executor::EpisodeEvent as E;
+    match e {
+        E::RunStarted { workflow_id, version, .. } => format!("run started: {workflow_id} {}", version.short(12)),
+        E::ToolCalled { step, attempt, tool, outcome, .. } => format!(
+            "tool call {step} attempt {attempt}: {}@{} {}",
+            tool.name,
+            tool.version,
+            match outcome {
+                executor::episode::CallOutcome::Ok { output_hash, .. } => format!("ok {}", short(output_hash)),
+                executor::episode::CallOutcome::Err { failure } => format!("error: {failure}"),
+            }
+        ),
+        E::ModelCalled { step, model, usage, .. } => {
+            format!("model call {step}: {model} ({} in, {} out)", usage.tokens_in, usage.tokens_out)
+        }
+        other => {
+            let v = serde_json::to_value(other).unwrap_or(Value::Null);
+            let mut s = other.kind().replace('_', " ");
+            for k in ["step", "iteration", "attempt", "status", "reason", "chosen", "winners", "losers", "child_run", "request_id"] {
+                if let Some(x) = v.get(k) {
+                    if !x.is_null() {
+                        s.push_str(&format!(" {k}={x}"));
+                    }
+                }
+            }
+            s
+        }
+    }
+}
+
+async fn status(g: &Global, host: &Host, run: Option<&str>, limit: u32) -> Result<u8> {
+    match run {
+        Some(run) => {
+            let (rec, state) = host.status(run).await?;
+            if g.json {
+                print_json(&json!({"run": rec, "state": state}))?;
+            } else {
+                println!("{}  {}  {} {}", rec.id, rec.status, rec.workflow_id, rec.version.short(12));
+                if let Some(r) = &rec.reason {
+                    println!("  {r}");
+                }
+                for (id, s) in &state.steps {
+                    println!("  {id:<24} {:?} (iteration {}, attempt {})", s.status, s.iteration, s.attempt);
+                }
+                if let Some(o) = &state.output {
+                    println!("output: {}", serde_json::to_string(o)?);
+                }
+            }
+            Ok(exit::OK)
+        }
+        None => {
+            let runs = host.runs(limit).await?;
+            if g.json {
+                print_json(&runs)?;
+            } else if runs.is_empty() {
+                println!("no runs yet; `poimen run FILE` starts one");
+            } else {
+                for r in &runs {
+                    println!("{}  {:<16} {}", r.id, r.status.as_str(), r.workflow_id);
+                }
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {
+    match cmd {
+        JudgmentCmd::List => {
+            let list = host.judgments().await?;
+            if g.json {
+                print_json(&list)?;
+            } else if list.is_empty() {
+                println!("no open judgment requests");
+            } else {
+                for j in &list {
+                    println!("{}  run {} step {}  {}", j.id, j.run, j.step, j.request["question"].as_str().unwrap_or(""));
+                }
+            }
+            Ok(exit::OK)
+        }
+        JudgmentCmd::Show { id } => {
+            let j = host.judgment(&id).await?;
+            if g.json {
+                print_json(&j)?;
+            } else {
+                println!("{} ({:?})  run {} step {}", j.id, j.status, j.run, j.step);
+                println!("request hash: {}", j.request_hash);
+                println!("{}", serde_json::to_string_pretty(&j.request)?);
+                if let Some(r) = &j.result {
+                    println!("result: {}", serde_json::to_string(r)?);
+                }
+            }
+            Ok(exit::OK)
+        }
+        JudgmentCmd::Submit { id, file } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| Usage(format!("cannot read {}: {e}", file.display())))?;
+            let submission: executor::JudgmentSubmission = serde_json::from_str(&text).map_err(|e| {
+                Usage(format!(
+                    "{} is not a judgment submission ({e}); expected {{\"request_hash\": \"b3:…\", \"result\": …, \"provenance\": {{\"judge\": \"…\"}}}}",
+                    file.display()
+                ))
+            })?;
+            let out = host.submit_judgment(&id, submission).await?;
+            finish(g, &out)
+        }
+    }
+}
+
+async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
+    match cmd {
+        PluginCmd::List => {
+            let mut rows = Vec::new();
+            for e in host.tools().into_iter().chain(host.verifiers()) {
+                rows.push(json!({
+                    "kind": e.kind,
+                    "name": e.info.name,
+                    "version": e.info.version.to_string(),
+                    "digest": e.info.digest,
+                    "effect": e.info.effect,
+                    "capabilities": e.info.capabilities,
+                    "origin": e.origin,
+                    "shadow_eligible": e.eligibility.is_ok(),
+                }));
+            }
+            if g.json {
+                print_json(&rows)?;
+            } else {
+                for r in &rows {
+                    println!(
+                        "{:<10} {:<20} {:<8} {:<15} {:<15} {}",
+                        r["kind"].as_str().unwrap_or(""),
+                        r["name"].as_str().unwrap_or(""),
+                        r["version"].as_str().unwrap_or(""),
+                        r["effect"].as_str().unwrap_or(""),
+                        short(r["digest"].as_str().unwrap_or("")),
+                        r["origin"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            Ok(exit::OK)
+        }
+        PluginCmd::Inspect { file } => {
+            let bytes = read_component(&file)?;
+            let i = host.inspect_plugin(bytes).await?;
+            if g.json {
+                print_json(&i)?;
+            } else {
+                println!("{} {} ({:?}, {})", i.info.name, i.info.version, i.kind, i.info.effect);
+                println!("  {}", i.info.description);
+                println!("  digest {}", i.info.digest);
+                println!("  declared capabilities: {}", if i.info.capabilities.is_empty() { "none".into() } else { caps(&i.info.capabilities) });
+                println!("  imports:");
+                for imp in &i.imports {
+                    println!("    {} ({:?})", imp.name, imp.class);
+                }
+                match &i.eligibility {
+                    Ok(()) => println!("  shadow evaluation: eligible"),
+                    Err(why) => println!("  shadow evaluation: not eligible: {}", why.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("; ")),
+                }
+                for p in &i.problems {
+                    println!("  problem: {p}");
+                }
+            }
+            Ok(if i.problems.is_empty() { exit::OK } else { exit::INVALID })
+        }
+        PluginCmd::Add { file } => {
+            let bytes = read_component(&file)?;
+            let i = host.inspect_plugin(bytes.clone()).await?;
+            if !i.problems.is_empty() {
+                return Err(Invalid(format!(
+                    "{} cannot be loaded: {}",
+                    file.display(),
+                    i.problems.join("; ")
+                ))
+                .into());
+            }
+            let dir = plugin_store_dir(g)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let hex = i.info.digest.trim_start_matches("b3:");
+            let dest = dir.join(format!("{}-{}.wasm", i.info.name, &hex[..hex.len().min(16)]));
+            if !dest.exists() {
+                let tmp = dest.with_extension("wasm.tmp");
+                std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+                std::fs::rename(&tmp, &dest).with_context(|| format!("cannot write {}", dest.display()))?;
+            }
+            if g.json {
+                print_json(&json!({"name": i.info.name, "version": i.info.version.to_string(), "digest": i.info.digest, "path": dest}))?;
+            } else {
+                println!("{} {} added as {}", i.info.name, i.info.version, dest.display());
+            }
+            Ok(exit::OK)
+        }
+        PluginCmd::Call { tool, args, key } => {
+            let args = json_arg(&args, "the arguments")?;
+            let r: workflow::ToolRef = tool.parse().map_err(Usage)?;
+            let inv = host.call_tool(r, args, key).await;
+            match inv {
+                Ok((output, record)) => {
+                    if g.json {
+                        print_json(&json!({"output": output, "record": record}))?;
+                    } else {
+                        println!("{}", serde_json::to_string_pretty(&output)?);
+                    }
+                    Ok(exit::OK)
+                }
+                Err((e, record)) => {
+                    if g.json {
+                        print_json(&json!({"error": e, "record": record}))?;
+                    } else {
+                        eprintln!("error: {e}");
+                    }
+                    Ok(exit::RUN_FAILED)
+                }
+            }
+        }
+    }
+}
+
+fn read_component(file: &Path) -> Result<Vec<u8>> {
+    std::fs::read(file).map_err(|e| Usage(format!("cannot read {}: {e}", file.display())).into())
+}

@@ -1,0 +1,90 @@
+//! The CLI's shared parts: exit codes, the error report, output helpers.
+
+pub mod args;
+pub mod commands;
+
+use std::io::IsTerminal;
+
+/// Documented, stable exit codes (see `poimen --help`).
+pub mod exit {
+    /// The command did what it was asked; a run completed.
+    pub const OK: u8 = 0;
+    /// A run failed or was cancelled.
+    pub const RUN_FAILED: u8 = 1;
+    /// The command line or its input is wrong: bad arguments, a missing
+    /// file, input that is not JSON, an unknown run, version or judgment.
+    pub const USAGE: u8 = 2;
+    /// A workflow does not parse or does not validate.
+    pub const INVALID: u8 = 3;
+    /// A run is blocked (needs an operator) or waiting (needs a judge).
+    pub const STOPPED: u8 = 4;
+    /// The environment failed: the store, the plugin host, the disk.
+    pub const ERROR: u8 = 5;
+}
+
+/// A usage error found by the CLI itself (not by the library).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// An invalid-workflow outcome already reported in detail.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+/// The exit code of an error.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<Usage>().is_some() || e.downcast_ref::<clap::Error>().is_some() {
+        return exit::USAGE;
+    }
+    if e.downcast_ref::<Invalid>().is_some() {
+        return exit::INVALID;
+    }
+    match e.downcast_ref::<poimen::Error>() {
+        Some(p) => exit_code_of(p),
+        None => exit::ERROR,
+    }
+}
+
+/// The exit code of a library error.
+pub fn exit_code_of(p: &poimen::Error) -> u8 {
+    {
+        match p {
+            poimen::Error::Parse(_) | poimen::Error::Invalid { .. } => exit::INVALID,
+            poimen::Error::Read { .. }
+            | poimen::Error::TooLarge { .. }
+            | poimen::Error::UnknownFormat { .. }
+            | poimen::Error::NotFound { .. }
+            | poimen::Error::BadTarget { .. }
+            | poimen::Error::BadInput(_) => exit::USAGE,
+            poimen::Error::Exec(x) => match x {
+                executor::ExecError::Store(_) | executor::ExecError::Episode { .. } => exit::ERROR,
+                executor::ExecError::Unavailable { .. } => exit::ERROR,
+                _ => exit::USAGE,
+            },
+            _ => exit::ERROR,
+        }
+    }
+}
+
+/// Prints an error: one line that says what went wrong and what to do, then
+/// its causes. Never a panic or a Debug dump.
+pub fn report(e: &anyhow::Error) {
+    let red = std::io::stderr().is_terminal();
+    let label = if red { "\x1b[1;31merror\x1b[0m" } else { "error" };
+    eprintln!("{label}: {e}");
+    if let Some(poimen::Error::Invalid { errors, .. }) = e.downcast_ref::<poimen::Error>() {
+        for err in errors {
+            eprintln!("  - {err}");
+        }
+    }
+    // Causes, unless the line above already says them.
+    let mut shown = e.to_string();
+    for c in e.chain().skip(1) {
+        let text = c.to_string();
+        if !shown.contains(&text) {
+            eprintln!("  caused by: {text}");
+            shown.push_str(&text);
+        }
+    }
+}

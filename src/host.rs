@@ -1,0 +1,746 @@
+//! `poimen::Host`: the embedding API. One value that loads, validates,
+//! publishes, plans and runs workflows, and gives operators and judges their
+//! ways back into stopped runs — what the CLI and the MCP server are built on.
+//!
+//! It wires the crates together (store, sandbox, executor, model provider)
+//! and translates their errors into one typed [`Error`]. It exposes no
+//! wasmtime, SQLite or tokio-internal types.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use executor::{
+    Executor, ExecutorConfig, JudgmentSubmission, ModelProvider, Reconciliation, StartOptions,
+    SystemClock,
+};
+use serde::Serialize;
+use serde_json::Value;
+use store::{JudgmentRecord, MemoryStore, RunId, RunRecord, SqliteStore, Store, StoreError, VersionRecord, WorkflowSummary};
+use workflow::{
+    EligibilityReport, Format, StepId, StepKind, Validated, ValidationError, VersionPrefix, WorkflowDef,
+    WorkflowId, WorkflowVersion,
+};
+
+use crate::armory::{check, CheckError, StoreArmory};
+use crate::tools::SandboxTools;
+
+pub use executor::model::{EffortMode, OpenAiConfig, Rule};
+pub use executor::{Episode, RunOutcome};
+pub use store::RunStatus;
+
+/// Largest workflow file read from disk (the front end has its own bound too).
+pub const MAX_WORKFLOW_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Everything that can go wrong, by kind. Each message says what went wrong,
+/// where, and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is {size} bytes, over the {limit}-byte limit for a workflow file")]
+    TooLarge { path: PathBuf, size: u64, limit: u64 },
+    #[error("{path}: the file name must end in .yaml, .yml or .json so poimen knows how to read it")]
+    UnknownFormat { path: PathBuf },
+    #[error(transparent)]
+    Parse(#[from] workflow::ParseError),
+    #[error("workflow `{workflow}` is invalid: {} problem(s); {}", .errors.len(), first(.errors))]
+    Invalid { workflow: String, errors: Vec<ValidationError> },
+    #[error("{what} `{given}` was not found; {hint}")]
+    NotFound { what: &'static str, given: String, hint: String },
+    #[error("`{given}` is not a workflow file or a version: {detail}")]
+    BadTarget { given: String, detail: String },
+    #[error("the input is not valid JSON: {0}")]
+    BadInput(String),
+    #[error("the store failed: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Exec(#[from] executor::ExecError),
+    #[error("the plugin host could not start: {0}")]
+    Sandbox(#[from] sandbox::BuildError),
+    #[error("plugin: {0}")]
+    Plugin(#[from] sandbox::LoadError),
+    #[error("stored version {version} cannot be read back: {detail}")]
+    Unreadable { version: WorkflowVersion, detail: String },
+    #[error("the MCP connection failed: {0}")]
+    Mcp(String),
+}
+
+fn first(errors: &[ValidationError]) -> String {
+    errors.first().map(|e| e.to_string()).unwrap_or_default()
+}
+
+impl From<CheckError> for Error {
+    fn from(e: CheckError) -> Self {
+        match e {
+            CheckError::Store(s) => Error::Store(s),
+            CheckError::Unreadable { version, detail, .. } => Error::Unreadable { version, detail },
+            CheckError::Invalid(errors) => Error::Invalid { workflow: String::new(), errors },
+        }
+    }
+}
+
+/// Where runs and versions are kept.
+#[derive(Debug, Clone)]
+enum StoreChoice {
+    Sqlite(PathBuf),
+    Memory,
+}
+
+/// Who answers model steps.
+#[derive(Debug, Clone, Default)]
+pub enum ModelChoice {
+    /// No model: model steps fail as unavailable, naming the fix.
+    #[default]
+    None,
+    /// The deterministic scripted model.
+    Scripted(Vec<Rule>),
+    /// An OpenAI-compatible chat-completions endpoint.
+    OpenAi(OpenAiConfig),
+}
+
+/// Builds a [`Host`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct HostBuilder {
+    store: StoreChoice,
+    plugin_dirs: Vec<PathBuf>,
+    policy: Option<PathBuf>,
+    bundled: bool,
+    cache_dir: Option<PathBuf>,
+    model: ModelChoice,
+    host_id: String,
+}
+
+impl Default for HostBuilder {
+    fn default() -> Self {
+        HostBuilder {
+            store: StoreChoice::Memory,
+            plugin_dirs: Vec::new(),
+            policy: None,
+            bundled: true,
+            cache_dir: None,
+            model: ModelChoice::None,
+            host_id: "local".to_owned(),
+        }
+    }
+}
+
+impl HostBuilder {
+    /// Keep versions and runs in the SQLite file at `path` (created if absent).
+    pub fn store_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.store = StoreChoice::Sqlite(path.into());
+        self
+    }
+
+    /// Keep everything in memory (the default; gone when the host is dropped).
+    pub fn memory_store(mut self) -> Self {
+        self.store = StoreChoice::Memory;
+        self
+    }
+
+    /// Also load every component in this directory.
+    pub fn plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_dirs.push(dir.into());
+        self
+    }
+
+    /// The capability policy file (TOML). Without one, nothing beyond the
+    /// baseline and `scratch` is granted.
+    pub fn policy_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.policy = Some(path.into());
+        self
+    }
+
+    /// Whether the first-party plugins are registered (default: yes).
+    pub fn bundled_plugins(mut self, on: bool) -> Self {
+        self.bundled = on;
+        self
+    }
+
+    /// Where compiled components are cached.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Who answers model steps.
+    pub fn model(mut self, model: ModelChoice) -> Self {
+        self.model = model;
+        self
+    }
+
+    /// This host's id, recorded as the owner of the runs it drives.
+    pub fn host_id(mut self, id: impl Into<String>) -> Self {
+        self.host_id = id.into();
+        self
+    }
+
+    /// Opens the store, loads the plugins and starts the host.
+    pub async fn build(self) -> Result<Host, Error> {
+        let store: Arc<dyn Store> = match &self.store {
+            StoreChoice::Sqlite(path) => Arc::new(SqliteStore::open(path.clone()).await?),
+            StoreChoice::Memory => Arc::new(MemoryStore::new()),
+        };
+        let mut sb = sandbox::Host::builder();
+        if let Some(dir) = &self.cache_dir {
+            sb = sb.cache_dir(dir.clone());
+        } else if let StoreChoice::Sqlite(path) = &self.store {
+            if let Some(parent) = path.parent() {
+                sb = sb.cache_dir(parent.join("cache"));
+            }
+        }
+        if let Some(p) = &self.policy {
+            sb = sb.policy_file(p.clone());
+        }
+        for d in &self.plugin_dirs {
+            sb = sb.plugin_dir(d.clone());
+        }
+        if self.bundled {
+            for b in plugin_artifacts::BUNDLED {
+                sb = sb.component_bytes(format!("bundled:{}", b.ident), b.bytes);
+            }
+        }
+        let sandbox = sb.build().await?;
+        let models: Arc<dyn ModelProvider> = match self.model {
+            ModelChoice::None => Arc::new(crate::NoModel),
+            ModelChoice::Scripted(rules) => Arc::new(executor::model::ScriptedProvider::new(rules)),
+            ModelChoice::OpenAi(cfg) => Arc::new(executor::model::OpenAiCompatible::new(cfg)),
+        };
+        let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
+        let executor = Executor::new(
+            store.clone(),
+            Arc::new(SandboxTools { host: sandbox.clone() }),
+            models,
+            Arc::new(SystemClock),
+            armory.clone(),
+            ExecutorConfig { host_id: self.host_id.clone() },
+        );
+        Ok(Host { inner: Arc::new(Inner { store, sandbox, executor, armory }) })
+    }
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    sandbox: sandbox::Host,
+    executor: Executor,
+    armory: Arc<StoreArmory>,
+}
+
+/// The poimen host.
+#[derive(Clone)]
+pub struct Host {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host").finish_non_exhaustive()
+    }
+}
+
+/// What to run or plan: a workflow file, or a published version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    File(PathBuf),
+    Version(String),
+}
+
+impl Target {
+    /// A path that exists is a file; `b3:…` or bare hex is a version.
+    pub fn parse(s: &str) -> Target {
+        if Path::new(s).exists() || s.ends_with(".yaml") || s.ends_with(".yml") || s.ends_with(".json") {
+            Target::File(PathBuf::from(s))
+        } else {
+            Target::Version(s.to_owned())
+        }
+    }
+}
+
+/// A workflow read from a file.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub path: PathBuf,
+    pub def: WorkflowDef,
+    pub version: WorkflowVersion,
+}
+
+/// What publishing did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Published {
+    pub workflow: WorkflowId,
+    pub version: WorkflowVersion,
+    pub parent: Option<WorkflowVersion>,
+    /// False when identical content was already published (nothing written).
+    pub created: bool,
+    /// A parent that was asked for but not recorded (records never change).
+    pub ignored_parent: Option<WorkflowVersion>,
+}
+
+/// A step as the execution plan shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlannedStep {
+    pub id: StepId,
+    pub kind: &'static str,
+    /// The Parallel or Conditional step that runs this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<StepId>,
+    /// Steps it runs (branches, conditional targets).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<StepId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<workflow::ToolInfo>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub verifiers: Vec<workflow::ToolInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_workflow: Option<WorkflowVersion>,
+    pub max_attempts: u32,
+    pub timeout_ms: u64,
+}
+
+/// The execution plan of a workflow.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub workflow: WorkflowId,
+    pub version: WorkflowVersion,
+    /// Top-level steps in the order they run, each followed by the steps it owns.
+    pub steps: Vec<PlannedStep>,
+    /// Bounded loops: (from, to, max iterations).
+    pub loops: Vec<(StepId, StepId, u32)>,
+    pub eligibility: EligibilityReport,
+    pub long_lived: bool,
+}
+
+/// Everything recorded about a run's effects.
+#[derive(Debug, Clone, Serialize)]
+pub struct Audit {
+    pub run: RunRecord,
+    pub intents: Vec<store::IntentRecord>,
+    /// The `tool_called` events, with their hostcall records.
+    pub tool_calls: Vec<Value>,
+    /// Verifier verdicts, with their hostcall records.
+    pub verdicts: Vec<Value>,
+    /// Intent triples that are incomplete (a call without Pending,
+    /// Dispatched and a final phase): empty unless something bypassed the
+    /// intent wrapper or a run is still in flight.
+    pub incomplete: Vec<String>,
+}
+
+impl Host {
+    pub fn builder() -> HostBuilder {
+        HostBuilder::default()
+    }
+
+    /// Reads and parses a workflow file (`.yaml`, `.yml` or `.json`).
+    pub fn load_file(&self, path: &Path) -> Result<Loaded, Error> {
+        load_file(path)
+    }
+
+    /// Validates a definition against this host's registries and store.
+    pub async fn validate(&self, def: &WorkflowDef) -> Result<Validated, Error> {
+        check(&*self.inner.store, &self.inner.sandbox, def).await.map_err(|e| match Error::from(e) {
+            Error::Invalid { errors, .. } => Error::Invalid { workflow: def.id.to_string(), errors },
+            other => other,
+        })
+    }
+
+    /// Validates and publishes a definition. A definition that does not
+    /// validate is never published.
+    pub async fn publish(&self, def: &WorkflowDef, parent: Option<&str>) -> Result<Published, Error> {
+        let validated = self.validate(def).await?;
+        let parent = match parent {
+            Some(p) => Some(self.resolve_version(p).await?),
+            None => None,
+        };
+        self.publish_validated(&validated, parent).await
+    }
+
+    async fn publish_validated(&self, v: &Validated, parent: Option<WorkflowVersion>) -> Result<Published, Error> {
+        let def = v.def();
+        let out = self
+            .inner
+            .store
+            .publish_version(store::NewVersion::of(
+                def.id.clone(),
+                workflow::canonical_bytes(def),
+                parent,
+                now_ms(),
+            ))
+            .await?;
+        Ok(match out {
+            store::PublishOutcome::Created(r) => Published {
+                workflow: r.workflow_id,
+                version: r.version,
+                parent: r.parent,
+                created: true,
+                ignored_parent: None,
+            },
+            store::PublishOutcome::Existing { record, ignored_parent } => Published {
+                workflow: record.workflow_id,
+                version: record.version,
+                parent: record.parent,
+                created: false,
+                ignored_parent,
+            },
+        })
+    }
+
+    /// The one stored version a full version or an abbreviation names.
+    pub async fn resolve_version(&self, text: &str) -> Result<WorkflowVersion, Error> {
+        let prefix = VersionPrefix::parse(text).map_err(|e| Error::BadTarget {
+            given: text.to_owned(),
+            detail: e.to_string(),
+        })?;
+        match self.inner.store.resolve_version_prefix(&prefix).await {
+            Ok(v) => Ok(v),
+            Err(StoreError::NotFound { .. }) => Err(Error::NotFound {
+                what: "version",
+                given: text.to_owned(),
+                hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A stored version and its definition.
+    pub async fn version(&self, text: &str) -> Result<(VersionRecord, WorkflowDef), Error> {
+        let v = self.resolve_version(text).await?;
+        let record = self.inner.store.version(&v).await?.ok_or_else(|| Error::NotFound {
+            what: "version",
+            given: text.to_owned(),
+            hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
+        })?;
+        let def = workflow::from_canonical(&record.canonical)
+            .map_err(|e| Error::Unreadable { version: v, detail: e.to_string() })?;
+        Ok((record, def))
+    }
+
+    /// Every version of a workflow, with parents, in publish order.
+    pub async fn versions(&self, workflow: &str) -> Result<Vec<VersionRecord>, Error> {
+        let list = self.inner.store.versions_of(&WorkflowId::from(workflow)).await?;
+        if list.is_empty() {
+            let known: Vec<String> =
+                self.inner.store.workflows().await?.into_iter().map(|w| w.workflow_id.to_string()).collect();
+            let nearest = workflow::registry::nearest_names(workflow, known.iter().map(String::as_str));
+            return Err(Error::NotFound {
+                what: "workflow",
+                given: workflow.to_owned(),
+                hint: if nearest.is_empty() {
+                    "publish it first with `poimen publish FILE`".into()
+                } else {
+                    format!("did you mean {}?", nearest.join(", "))
+                },
+            });
+        }
+        Ok(list)
+    }
+
+    /// Every published workflow.
+    pub async fn workflows(&self) -> Result<Vec<WorkflowSummary>, Error> {
+        Ok(self.inner.store.workflows().await?)
+    }
+
+    /// Loads, validates and arms a target: a file is validated and
+    /// published first; a version is loaded from the store.
+    async fn arm(&self, target: &Target) -> Result<Validated, Error> {
+        match target {
+            Target::File(path) => {
+                let loaded = load_file(path)?;
+                let v = self.validate(&loaded.def).await?;
+                self.publish_validated(&v, None).await?;
+                Ok(v)
+            }
+            Target::Version(text) => {
+                let (_, def) = self.version(text).await?;
+                self.validate(&def).await
+            }
+        }
+    }
+
+    /// The execution plan: steps in order, fan-outs, resolved tools with
+    /// digests, sub-workflow versions, sandbox eligibility.
+    pub async fn plan(&self, target: &Target) -> Result<Plan, Error> {
+        let v = match target {
+            Target::File(path) => self.validate(&load_file(path)?.def).await?,
+            Target::Version(_) => self.arm(target).await?,
+        };
+        Ok(plan_of(&v))
+    }
+
+    /// Runs a workflow on an input until it ends, waits or blocks.
+    pub async fn run(&self, target: &Target, input: Value, idempotency_key: Option<String>) -> Result<RunOutcome, Error> {
+        let v = self.arm(target).await?;
+        let armed = self.inner.armory.arm_validated(v);
+        let opts = StartOptions { idempotency_key, ..StartOptions::default() };
+        Ok(self.inner.executor.run(armed, input, opts).await?)
+    }
+
+    /// Starts a run and returns its id without waiting for it (the run is
+    /// driven on a background task).
+    pub async fn start(&self, target: &Target, input: Value, idempotency_key: Option<String>) -> Result<RunId, Error> {
+        let v = self.arm(target).await?;
+        let armed = self.inner.armory.arm_validated(v);
+        let opts = StartOptions { idempotency_key, ..StartOptions::default() };
+        let started = self.inner.executor.start(armed, input, opts).await?;
+        let exec = self.inner.executor.clone();
+        let run = started.run.clone();
+        tokio::spawn(async move {
+            if let Err(e) = exec.resume(&run).await {
+                tracing::warn!(run = %run, error = %e, "background run stopped with an error");
+            }
+        });
+        Ok(started.run)
+    }
+
+    fn run_id(&self, run: &str) -> Result<RunId, Error> {
+        RunId::parse(run).map_err(|e| Error::NotFound {
+            what: "run",
+            given: run.to_owned(),
+            hint: format!("{e}; `poimen status` lists runs"),
+        })
+    }
+
+    /// A run's record and its state refolded from the episode.
+    pub async fn status(&self, run: &str) -> Result<(RunRecord, executor::RunState), Error> {
+        let id = self.run_id(run)?;
+        let rec = self.inner.executor.status(&id).await?;
+        let state = self.inner.executor.state(&id).await?;
+        Ok((rec, state))
+    }
+
+    /// Recent runs, newest first.
+    pub async fn runs(&self, limit: u32) -> Result<Vec<RunRecord>, Error> {
+        Ok(self.inner.store.list_runs(store::RunFilter { limit: Some(limit), ..Default::default() }).await?)
+    }
+
+    /// A run's episode.
+    pub async fn episode(&self, run: &str) -> Result<Episode, Error> {
+        let id = self.run_id(run)?;
+        Ok(self.inner.executor.episode(&id).await?)
+    }
+
+    /// A run's intents, tool calls and verdicts with their hostcall records.
+    pub async fn audit(&self, run: &str) -> Result<Audit, Error> {
+        let id = self.run_id(run)?;
+        let rec = self.inner.executor.status(&id).await?;
+        let intents = self.inner.executor.intents(&id).await?;
+        let episode = self.inner.executor.episode(&id).await?;
+        let mut tool_calls = Vec::new();
+        let mut verdicts = Vec::new();
+        for r in &episode.events {
+            match &r.event {
+                e @ executor::EpisodeEvent::ToolCalled { .. } => {
+                    tool_calls.push(serde_json::to_value(e).unwrap_or(Value::Null));
+                }
+                e @ executor::EpisodeEvent::Verified { .. } => {
+                    verdicts.push(serde_json::to_value(e).unwrap_or(Value::Null));
+                }
+                _ => {}
+            }
+        }
+        let mut phases: BTreeMap<(String, u32, u32), Vec<store::IntentPhase>> = BTreeMap::new();
+        for i in &intents {
+            phases.entry((i.step.to_string(), i.iteration, i.attempt)).or_default().push(i.phase);
+        }
+        let incomplete = phases
+            .iter()
+            .filter(|(_, ps)| {
+                use store::IntentPhase::*;
+                let reconciled = ps.first() == Some(&Committed) || ps.first() == Some(&Failed);
+                !(reconciled
+                    || (ps.contains(&Pending)
+                        && ps.contains(&Dispatched)
+                        && ps.last().is_some_and(|p| matches!(p, Committed | Failed))))
+            })
+            .map(|((s, it, at), ps)| {
+                format!("step `{s}` iteration {it} attempt {at}: {}", ps.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" → "))
+            })
+            .collect();
+        Ok(Audit { run: rec, intents, tool_calls, verdicts, incomplete })
+    }
+
+    /// Drives a stopped run again (see [`executor::Executor::resume`]).
+    pub async fn resume(&self, run: &str) -> Result<RunOutcome, Error> {
+        let id = self.run_id(run)?;
+        Ok(self.inner.executor.resume(&id).await?)
+    }
+
+    /// Cancels a run.
+    pub async fn cancel(&self, run: &str) -> Result<RunRecord, Error> {
+        let id = self.run_id(run)?;
+        Ok(self.inner.executor.cancel(&id, "cancelled by an operator").await?)
+    }
+
+    /// Runs a failed run again from a step (by default the one that failed).
+    pub async fn retry(&self, run: &str, from: Option<&str>) -> Result<RunOutcome, Error> {
+        let id = self.run_id(run)?;
+        Ok(self.inner.executor.retry(&id, from.map(StepId::from)).await?)
+    }
+
+    /// Records an operator's decision on a tool call with an unknown outcome.
+    pub async fn reconcile(&self, run: &str, step: &str, decision: Reconciliation) -> Result<RunOutcome, Error> {
+        let id = self.run_id(run)?;
+        Ok(self.inner.executor.reconcile(&id, &StepId::from(step), decision).await?)
+    }
+
+    /// Open judgment requests.
+    pub async fn judgments(&self) -> Result<Vec<JudgmentRecord>, Error> {
+        Ok(self.inner.executor.open_judgments().await?)
+    }
+
+    /// One judgment request.
+    pub async fn judgment(&self, id: &str) -> Result<JudgmentRecord, Error> {
+        Ok(self.inner.executor.judgment(id).await?)
+    }
+
+    /// Submits a judge's answer.
+    pub async fn submit_judgment(&self, id: &str, submission: JudgmentSubmission) -> Result<RunOutcome, Error> {
+        Ok(self.inner.executor.submit_judgment(id, submission).await?)
+    }
+
+    /// Drives every run this host left in flight.
+    pub async fn recover(&self) -> Result<Vec<RunOutcome>, Error> {
+        Ok(self.inner.executor.recover().await?)
+    }
+
+    /// Invokes one tool directly through the sandbox (`poimen plugin call`):
+    /// the output and the hostcall record, or the error and the record.
+    pub async fn call_tool(
+        &self,
+        tool: workflow::ToolRef,
+        args: Value,
+        idempotency_key: String,
+    ) -> Result<(Value, Value), (String, Value)> {
+        let inv = self.inner.sandbox.invoke_tool(sandbox::ToolCall::new(tool, args, idempotency_key)).await;
+        let record = serde_json::to_value(&inv.record).unwrap_or(Value::Null);
+        match inv.outcome {
+            Ok(v) => Ok((v, record)),
+            Err(e) => Err((e.to_string(), record)),
+        }
+    }
+
+    /// Registered tools.
+    pub fn tools(&self) -> Vec<sandbox::Entry> {
+        self.inner.sandbox.tools().list()
+    }
+
+    /// Registered verifiers.
+    pub fn verifiers(&self) -> Vec<sandbox::Entry> {
+        self.inner.sandbox.verifiers().list()
+    }
+
+    /// What a component says and imports, without registering it.
+    pub async fn inspect_plugin(&self, bytes: Vec<u8>) -> Result<sandbox::Inspection, Error> {
+        Ok(self.inner.sandbox.inspect(bytes).await?)
+    }
+
+    /// Published workflows that declare `tool:` (exposed to MCP clients),
+    /// with their latest definitions.
+    pub async fn workflow_tools(&self) -> Result<Vec<(WorkflowVersion, WorkflowDef)>, Error> {
+        let mut out = Vec::new();
+        for w in self.inner.store.workflows().await? {
+            let (_, def) = self.version(&w.latest.to_string()).await?;
+            if def.tool.is_some() {
+                out.push((w.latest, def));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Reads and parses a workflow file.
+pub fn load_file(path: &Path) -> Result<Loaded, Error> {
+    let format = Format::from_path(&path.to_string_lossy()).ok_or_else(|| Error::UnknownFormat { path: path.to_owned() })?;
+    let meta = std::fs::metadata(path).map_err(|source| Error::Read { path: path.to_owned(), source })?;
+    if meta.len() > MAX_WORKFLOW_FILE_BYTES {
+        return Err(Error::TooLarge { path: path.to_owned(), size: meta.len(), limit: MAX_WORKFLOW_FILE_BYTES });
+    }
+    let bytes = std::fs::read(path).map_err(|source| Error::Read { path: path.to_owned(), source })?;
+    let def = workflow::parse(&bytes, format, &path.to_string_lossy())?;
+    let version = workflow::version_of(&def);
+    Ok(Loaded { path: path.to_owned(), def, version })
+}
+
+fn plan_of(v: &Validated) -> Plan {
+    let def = v.def();
+    let mut owner: BTreeMap<StepId, StepId> = BTreeMap::new();
+    for s in &def.steps {
+        match &s.kind {
+            StepKind::Parallel(p) => {
+                for b in &p.branches {
+                    owner.insert(b.clone(), s.id.clone());
+                }
+            }
+            StepKind::Conditional(c) => {
+                owner.insert(c.then.clone(), s.id.clone());
+                if let Some(o) = &c.otherwise {
+                    owner.insert(o.clone(), s.id.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let planned = |id: &StepId| -> Option<PlannedStep> {
+        let s = def.step(id.as_str())?;
+        let runs = match &s.kind {
+            StepKind::Parallel(p) => p.branches.clone(),
+            StepKind::Conditional(c) => std::iter::once(c.then.clone()).chain(c.otherwise.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let tool = match &s.kind {
+            StepKind::Tool(t) => v.tool(&t.tool).cloned(),
+            _ => None,
+        };
+        Some(PlannedStep {
+            id: s.id.clone(),
+            kind: s.kind.name(),
+            owner: owner.get(&s.id).cloned(),
+            runs,
+            tool,
+            verifiers: s.verify.iter().filter_map(|r| v.verifier(&r.verifier).cloned()).collect(),
+            sub_workflow: v.sub_workflow(&s.id).map(|c| c.version()),
+            max_attempts: s.retry.max_attempts,
+            timeout_ms: s.effective_timeout().0,
+        })
+    };
+    let mut steps = Vec::new();
+    fn push_owned(
+        id: &StepId,
+        steps: &mut Vec<PlannedStep>,
+        planned: &dyn Fn(&StepId) -> Option<PlannedStep>,
+        depth: usize,
+    ) {
+        let Some(p) = planned(id) else { return };
+        let runs = p.runs.clone();
+        steps.push(p);
+        if depth < 64 {
+            for r in &runs {
+                push_owned(r, steps, planned, depth + 1);
+            }
+        }
+    }
+    for id in def.topo_order() {
+        push_owned(id, &mut steps, &planned, 0);
+    }
+    let loops = def
+        .transitions
+        .iter()
+        .filter_map(|t| t.max_iterations.map(|m| (t.from.clone(), t.to.clone(), m.get())))
+        .collect();
+    Plan {
+        workflow: def.id.clone(),
+        version: v.version(),
+        steps,
+        loops,
+        eligibility: v.eligibility().clone(),
+        long_lived: v.is_long_lived(),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

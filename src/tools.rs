@@ -1,0 +1,117 @@
+//! The sandbox as the executor's `ToolHost`.
+//!
+//! The only place where the executor's vocabulary (tool identity, failure
+//! classes) meets the sandbox's (invocations, hostcall records, invoke
+//! errors). Every call pins the component digest the run recorded, so a
+//! component changed on disk is refused instead of silently run.
+
+use async_trait::async_trait;
+use executor::{
+    Failure, FailureClass, ToolCall, ToolHost, ToolIdentity, ToolResult, Verdict, VerifierCall,
+    VerifierResult,
+};
+use sandbox::{InvokeError, ToolError};
+use workflow::{EffectClass, ToolRef, ToolRegistry, Unresolved, VerifierRegistry};
+
+/// Tools and verifiers run by a [`sandbox::Host`].
+#[derive(Debug, Clone)]
+pub struct SandboxTools {
+    pub host: sandbox::Host,
+}
+
+impl SandboxTools {
+    pub fn new(host: sandbox::Host) -> Self {
+        SandboxTools { host }
+    }
+}
+
+/// The failure class of an invocation error, for the retry policy.
+pub fn classify(e: &InvokeError) -> FailureClass {
+    match e {
+        InvokeError::Tool(ToolError::InvalidInput(_)) => FailureClass::InvalidInput,
+        InvokeError::Tool(ToolError::Unavailable(_))
+        | InvokeError::NotFound(_)
+        | InvokeError::DigestMismatch { .. }
+        | InvokeError::Host(_) => FailureClass::Unavailable,
+        InvokeError::Timeout { .. } => FailureClass::Timeout,
+        _ => FailureClass::Failed,
+    }
+}
+
+fn failure(e: InvokeError) -> Failure {
+    let class = classify(&e);
+    let message = match &e {
+        InvokeError::DigestMismatch { .. } => {
+            format!("{e}; the component changed on disk since the run pinned it — restore it, or retry the run")
+        }
+        _ => e.to_string(),
+    };
+    Failure::new(class, message)
+}
+
+fn unresolved(what: &str, r: &ToolRef, u: Unresolved) -> Failure {
+    let mut msg = format!("{what} `{r}` is not registered (searched {})", u.registry);
+    if !u.available_versions.is_empty() {
+        msg.push_str(&format!("; registered versions: {}", u.available_versions.join(", ")));
+    }
+    if !u.nearest.is_empty() {
+        msg.push_str(&format!("; did you mean {}?", u.nearest.join(", ")));
+    }
+    Failure::new(FailureClass::Unavailable, msg)
+}
+
+/// The exact reference to a pinned component: its name at its version.
+fn exact(identity: &ToolIdentity) -> ToolRef {
+    let req = format!("={}", identity.version);
+    ToolRef {
+        name: identity.name.clone(),
+        version: semver::VersionReq::parse(&req).unwrap_or(semver::VersionReq::STAR),
+    }
+}
+
+#[async_trait]
+impl ToolHost for SandboxTools {
+    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure> {
+        let info = self.host.tools().resolve_tool(tool).map_err(|u| unresolved("tool", tool, u))?;
+        Ok((
+            ToolIdentity { name: info.name, version: info.version.to_string(), digest: info.digest },
+            info.effect,
+        ))
+    }
+
+    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure> {
+        let info = self
+            .host
+            .verifiers()
+            .resolve_verifier(verifier)
+            .map_err(|u| unresolved("verifier", verifier, u))?;
+        Ok(ToolIdentity { name: info.name, version: info.version.to_string(), digest: info.digest })
+    }
+
+    async fn invoke(&self, call: ToolCall) -> ToolResult {
+        let request = sandbox::ToolCall::new(exact(&call.tool), call.args, call.idempotency_key)
+            .pinned(call.tool.digest.clone())
+            .timeout(call.timeout);
+        let inv = self.host.invoke_tool(request).await;
+        let capabilities = inv.record.capabilities.iter().map(|g| g.capability.clone()).collect();
+        ToolResult {
+            outcome: inv.outcome.map_err(failure),
+            record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
+            capabilities,
+        }
+    }
+
+    async fn verify(&self, call: VerifierCall) -> VerifierResult {
+        let mut request = sandbox::VerifierCall::new(exact(&call.verifier), call.input, call.output, call.config);
+        request.expected_digest = Some(call.verifier.digest.clone());
+        request.timeout = Some(call.timeout);
+        let inv = self.host.invoke_verifier(request).await;
+        VerifierResult {
+            outcome: inv
+                .outcome
+                .map(|v| Verdict { pass: v.pass, score: v.score, reason: v.reason })
+                .map_err(failure),
+            record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
+        }
+    }
+}
