@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use poimen::{Host, Target};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 #[derive(Deserialize)]
 struct StartRun {
@@ -43,16 +43,22 @@ fn status_of(e: &poimen::Error) -> StatusCode {
         poimen::Error::NotFound { .. }
         | poimen::Error::Read { .. }
         | poimen::Error::Exec(executor::ExecError::UnknownRun(_)) => StatusCode::NOT_FOUND,
-        poimen::Error::Exec(executor::ExecError::InvalidInput { .. }) | poimen::Error::BadTarget { .. } => {
-            StatusCode::BAD_REQUEST
-        }
+        poimen::Error::Exec(executor::ExecError::InvalidInput { .. })
+        | poimen::Error::BadTarget { .. } => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 async fn start_run(State(host): State<Host>, Json(req): Json<StartRun>) -> Reply {
-    let input = if req.input.is_null() { json!({}) } else { req.input };
-    match host.start(&Target::parse(&req.workflow), input, req.idempotency_key).await {
+    let input = if req.input.is_null() {
+        json!({})
+    } else {
+        req.input
+    };
+    match host
+        .start(&Target::parse(&req.workflow), input, req.idempotency_key)
+        .await
+    {
         Ok(run) => (StatusCode::ACCEPTED, Json(json!({"run": run}))),
         Err(e) => error(status_of(&e), e),
     }
@@ -62,7 +68,9 @@ async fn run_status(State(host): State<Host>, Path(id): Path<String>) -> Reply {
     match host.status(&id).await {
         Ok((rec, state)) => (
             StatusCode::OK,
-            Json(json!({"run": rec.id, "status": rec.status, "reason": rec.reason, "output": state.output})),
+            Json(
+                json!({"run": rec.id, "status": rec.status, "reason": rec.reason, "output": state.output}),
+            ),
         ),
         Err(e) => error(status_of(&e), e),
     }
@@ -77,7 +85,9 @@ async fn main() -> anyhow::Result<()> {
         match a.as_str() {
             "--listen" => listen = args.next().unwrap_or_default().parse()?,
             "--store" => store = args.next(),
-            other => anyhow::bail!("unknown argument `{other}`; use --listen ADDR and --store PATH"),
+            other => {
+                anyhow::bail!("unknown argument `{other}`; use --listen ADDR and --store PATH")
+            }
         }
     }
     let builder = Host::builder();

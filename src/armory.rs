@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use executor::{Armed, Armory, Failure, FailureClass};
 use store::{Store, StoreError};
 use workflow::{
-    from_canonical, MemoryWorkflows, Registries, StepKind, Validated, ValidationError,
-    VersionSelector, WorkflowDef, WorkflowId, WorkflowVersion,
+    MemoryWorkflows, Registries, StepKind, Validated, ValidationError, VersionSelector,
+    WorkflowDef, WorkflowId, WorkflowVersion, from_canonical,
 };
 
 /// Most sub-workflow definitions fetched for one validation; the validator
@@ -29,20 +29,29 @@ pub enum CheckError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("stored version {version} of `{workflow}` cannot be read back: {detail}")]
-    Unreadable { workflow: String, version: WorkflowVersion, detail: String },
+    Unreadable {
+        workflow: String,
+        version: WorkflowVersion,
+        detail: String,
+    },
     #[error("{} problem(s) found", .0.len())]
     Invalid(Vec<ValidationError>),
 }
 
 /// Fetches every sub-workflow `def` can reach, transitively.
-pub async fn fetch_subworkflows(store: &dyn Store, def: &WorkflowDef) -> Result<MemoryWorkflows, CheckError> {
+pub async fn fetch_subworkflows(
+    store: &dyn Store,
+    def: &WorkflowDef,
+) -> Result<MemoryWorkflows, CheckError> {
     let mut latest: BTreeMap<WorkflowId, (WorkflowVersion, WorkflowDef)> = BTreeMap::new();
     let mut pinned: BTreeMap<WorkflowVersion, WorkflowDef> = BTreeMap::new();
     let mut seen: BTreeSet<(WorkflowId, String)> = BTreeSet::new();
     let mut queue: Vec<WorkflowDef> = vec![def.clone()];
     while let Some(d) = queue.pop() {
         for step in &d.steps {
-            let StepKind::SubWorkflow(s) = &step.kind else { continue };
+            let StepKind::SubWorkflow(s) = &step.kind else {
+                continue;
+            };
             let key = (s.id.clone(), format!("{:?}", s.version));
             if !seen.insert(key) || seen.len() > MAX_FETCHED_SUBWORKFLOWS {
                 continue;
@@ -81,11 +90,19 @@ pub async fn fetch_subworkflows(store: &dyn Store, def: &WorkflowDef) -> Result<
 }
 
 /// Validates `def` against the sandbox's registries and the store's versions.
-pub async fn check(store: &dyn Store, sandbox: &sandbox::Host, def: &WorkflowDef) -> Result<Validated, CheckError> {
+pub async fn check(
+    store: &dyn Store,
+    sandbox: &sandbox::Host,
+    def: &WorkflowDef,
+) -> Result<Validated, CheckError> {
     let workflows = fetch_subworkflows(store, def).await?;
     let tools = sandbox.tools();
     let verifiers = sandbox.verifiers();
-    let registries = Registries { tools: &tools, verifiers: &verifiers, workflows: &workflows };
+    let registries = Registries {
+        tools: &tools,
+        verifiers: &verifiers,
+        workflows: &workflows,
+    };
     workflow::validate(def, &registries).map_err(CheckError::Invalid)
 }
 
@@ -99,13 +116,20 @@ pub struct StoreArmory {
 
 impl StoreArmory {
     pub fn new(store: Arc<dyn Store>, sandbox: sandbox::Host) -> Self {
-        StoreArmory { store, sandbox, cache: Mutex::new(HashMap::new()) }
+        StoreArmory {
+            store,
+            sandbox,
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Arms an already validated definition (and remembers it).
     pub fn arm_validated(&self, validated: Validated) -> Arc<Armed> {
         let armed = Arc::new(Armed::new(validated));
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(armed.version, armed.clone());
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(armed.version, armed.clone());
         armed
     }
 }
@@ -113,7 +137,12 @@ impl StoreArmory {
 #[async_trait]
 impl Armory for StoreArmory {
     async fn arm(&self, version: &WorkflowVersion) -> Result<Arc<Armed>, Failure> {
-        if let Some(a) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(version) {
+        if let Some(a) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(version)
+        {
             return Ok(a.clone());
         }
         let record = self
@@ -124,23 +153,34 @@ impl Armory for StoreArmory {
             .ok_or_else(|| {
                 Failure::new(
                     FailureClass::Unavailable,
-                    format!("version {version} is not in the store; publish it with `poimen publish`"),
+                    format!(
+                        "version {version} is not in the store; publish it with `poimen publish`"
+                    ),
                 )
             })?;
         let def = from_canonical(&record.canonical).map_err(|e| {
-            Failure::new(FailureClass::Failed, format!("stored version {version} cannot be read back: {e}"))
+            Failure::new(
+                FailureClass::Failed,
+                format!("stored version {version} cannot be read back: {e}"),
+            )
         })?;
-        let validated = check(&*self.store, &self.sandbox, &def).await.map_err(|e| match e {
-            CheckError::Invalid(errors) => Failure::new(
-                FailureClass::Unavailable,
-                format!(
-                    "version {version} of `{}` does not validate on this host: {}",
-                    record.workflow_id,
-                    errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+        let validated = check(&*self.store, &self.sandbox, &def)
+            .await
+            .map_err(|e| match e {
+                CheckError::Invalid(errors) => Failure::new(
+                    FailureClass::Unavailable,
+                    format!(
+                        "version {version} of `{}` does not validate on this host: {}",
+                        record.workflow_id,
+                        errors
+                            .iter()
+                            .map(|e| e.to_string())
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
                 ),
-            ),
-            other => Failure::new(FailureClass::Unavailable, other.to_string()),
-        })?;
+                other => Failure::new(FailureClass::Unavailable, other.to_string()),
+            })?;
         Ok(self.arm_validated(validated))
     }
 }

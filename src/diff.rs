@@ -14,14 +14,29 @@ use workflow::WorkflowDef;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
 pub enum Change {
-    StepAdded { step: String, kind: String },
-    StepRemoved { step: String, kind: String },
+    StepAdded {
+        step: String,
+        kind: String,
+    },
+    StepRemoved {
+        step: String,
+        kind: String,
+    },
     /// A step changed; `fields` are JSON paths inside the step (`retry.max_attempts`).
-    StepChanged { step: String, fields: Vec<String> },
-    TransitionAdded { transition: String },
-    TransitionRemoved { transition: String },
+    StepChanged {
+        step: String,
+        fields: Vec<String>,
+    },
+    TransitionAdded {
+        transition: String,
+    },
+    TransitionRemoved {
+        transition: String,
+    },
     /// A workflow-level field changed (`budget.tokens`, `description`).
-    FieldChanged { field: String },
+    FieldChanged {
+        field: String,
+    },
 }
 
 impl std::fmt::Display for Change {
@@ -32,8 +47,12 @@ impl std::fmt::Display for Change {
             Change::StepChanged { step, fields } => {
                 write!(f, "step `{step}` changed: {}", fields.join(", "))
             }
-            Change::TransitionAdded { transition } => write!(f, "transition {transition} was added"),
-            Change::TransitionRemoved { transition } => write!(f, "transition {transition} was removed"),
+            Change::TransitionAdded { transition } => {
+                write!(f, "transition {transition} was added")
+            }
+            Change::TransitionRemoved { transition } => {
+                write!(f, "transition {transition} was removed")
+            }
             Change::FieldChanged { field } => write!(f, "`{field}` changed"),
         }
     }
@@ -44,11 +63,18 @@ fn canonical_value(def: &WorkflowDef) -> Value {
 }
 
 fn kind_of(step: &Value) -> String {
-    ["model", "tool", "parallel", "conditional", "workflow", "judgment"]
-        .into_iter()
-        .find(|k| step.get(*k).is_some())
-        .unwrap_or("step")
-        .to_owned()
+    [
+        "model",
+        "tool",
+        "parallel",
+        "conditional",
+        "workflow",
+        "judgment",
+    ]
+    .into_iter()
+    .find(|k| step.get(*k).is_some())
+    .unwrap_or("step")
+    .to_owned()
 }
 
 fn transition_text(t: &Value) -> String {
@@ -70,7 +96,11 @@ fn changed_paths(a: &Value, b: &Value, prefix: &str, out: &mut Vec<String>) {
         (Value::Object(x), Value::Object(y)) => {
             let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
             for k in keys {
-                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 match (x.get(k), y.get(k)) {
                     (Some(va), Some(vb)) if va != vb => changed_paths(va, vb, &path, out),
                     (Some(_), None) => out.push(format!("{path} (removed)")),
@@ -79,7 +109,11 @@ fn changed_paths(a: &Value, b: &Value, prefix: &str, out: &mut Vec<String>) {
                 }
             }
         }
-        _ if a != b => out.push(if prefix.is_empty() { "(value)".to_owned() } else { prefix.to_owned() }),
+        _ if a != b => out.push(if prefix.is_empty() {
+            "(value)".to_owned()
+        } else {
+            prefix.to_owned()
+        }),
         _ => {}
     }
 }
@@ -99,32 +133,48 @@ pub fn diff(old: &WorkflowDef, new: &WorkflowDef) -> Vec<Change> {
     let (sa, sb) = (steps(&a), steps(&b));
     for (id, s) in &sa {
         match sb.get(id) {
-            None => changes.push(Change::StepRemoved { step: id.clone(), kind: kind_of(s) }),
+            None => changes.push(Change::StepRemoved {
+                step: id.clone(),
+                kind: kind_of(s),
+            }),
             Some(t) if t != s => {
                 let mut fields = Vec::new();
                 changed_paths(s, t, "", &mut fields);
-                changes.push(Change::StepChanged { step: id.clone(), fields });
+                changes.push(Change::StepChanged {
+                    step: id.clone(),
+                    fields,
+                });
             }
             _ => {}
         }
     }
     for (id, s) in &sb {
         if !sa.contains_key(id) {
-            changes.push(Change::StepAdded { step: id.clone(), kind: kind_of(s) });
+            changes.push(Change::StepAdded {
+                step: id.clone(),
+                kind: kind_of(s),
+            });
         }
     }
     let transitions = |v: &Value| -> Vec<Value> {
-        v.get("transitions").and_then(Value::as_array).cloned().unwrap_or_default()
+        v.get("transitions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
     };
     let (ta, tb) = (transitions(&a), transitions(&b));
     for t in &ta {
         if !tb.contains(t) {
-            changes.push(Change::TransitionRemoved { transition: transition_text(t) });
+            changes.push(Change::TransitionRemoved {
+                transition: transition_text(t),
+            });
         }
     }
     for t in &tb {
         if !ta.contains(t) {
-            changes.push(Change::TransitionAdded { transition: transition_text(t) });
+            changes.push(Change::TransitionAdded {
+                transition: transition_text(t),
+            });
         }
     }
     let (mut oa, mut ob) = (a.clone(), b.clone());
@@ -136,6 +186,10 @@ pub fn diff(old: &WorkflowDef, new: &WorkflowDef) -> Vec<Change> {
     }
     let mut fields = Vec::new();
     changed_paths(&oa, &ob, "", &mut fields);
-    changes.extend(fields.into_iter().map(|field| Change::FieldChanged { field }));
+    changes.extend(
+        fields
+            .into_iter()
+            .map(|field| Change::FieldChanged { field }),
+    );
     changes
 }

@@ -16,13 +16,16 @@ use executor::{
 };
 use serde::Serialize;
 use serde_json::Value;
-use store::{JudgmentRecord, MemoryStore, RunId, RunRecord, SqliteStore, Store, StoreError, VersionRecord, WorkflowSummary};
+use store::{
+    JudgmentRecord, MemoryStore, RunId, RunRecord, SqliteStore, Store, StoreError, VersionRecord,
+    WorkflowSummary,
+};
 use workflow::{
-    EligibilityReport, Format, StepId, StepKind, Validated, ValidationError, VersionPrefix, WorkflowDef,
-    WorkflowId, WorkflowVersion,
+    EligibilityReport, Format, StepId, StepKind, Validated, ValidationError, VersionPrefix,
+    WorkflowDef, WorkflowId, WorkflowVersion,
 };
 
-use crate::armory::{check, CheckError, StoreArmory};
+use crate::armory::{CheckError, StoreArmory, check};
 use crate::tools::SandboxTools;
 
 pub use executor::model::{EffortMode, OpenAiConfig, Rule};
@@ -38,17 +41,33 @@ pub const MAX_WORKFLOW_FILE_BYTES: u64 = 16 * 1024 * 1024;
 #[non_exhaustive]
 pub enum Error {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is {size} bytes, over the {limit}-byte limit for a workflow file")]
-    TooLarge { path: PathBuf, size: u64, limit: u64 },
-    #[error("{path}: the file name must end in .yaml, .yml or .json so poimen knows how to read it")]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+    #[error(
+        "{path}: the file name must end in .yaml, .yml or .json so poimen knows how to read it"
+    )]
     UnknownFormat { path: PathBuf },
     #[error(transparent)]
     Parse(#[from] workflow::ParseError),
     #[error("workflow `{workflow}` is invalid: {} problem(s); {}", .errors.len(), first(.errors))]
-    Invalid { workflow: String, errors: Vec<ValidationError> },
+    Invalid {
+        workflow: String,
+        errors: Vec<ValidationError>,
+    },
     #[error("{what} `{given}` was not found; {hint}")]
-    NotFound { what: &'static str, given: String, hint: String },
+    NotFound {
+        what: &'static str,
+        given: String,
+        hint: String,
+    },
     #[error("`{given}` is not a workflow file or a version: {detail}")]
     BadTarget { given: String, detail: String },
     #[error("the input is not valid JSON: {0}")]
@@ -62,7 +81,10 @@ pub enum Error {
     #[error("plugin: {0}")]
     Plugin(#[from] sandbox::LoadError),
     #[error("stored version {version} cannot be read back: {detail}")]
-    Unreadable { version: WorkflowVersion, detail: String },
+    Unreadable {
+        version: WorkflowVersion,
+        detail: String,
+    },
     #[error("the MCP connection failed: {0}")]
     Mcp(String),
 }
@@ -75,8 +97,13 @@ impl From<CheckError> for Error {
     fn from(e: CheckError) -> Self {
         match e {
             CheckError::Store(s) => Error::Store(s),
-            CheckError::Unreadable { version, detail, .. } => Error::Unreadable { version, detail },
-            CheckError::Invalid(errors) => Error::Invalid { workflow: String::new(), errors },
+            CheckError::Unreadable {
+                version, detail, ..
+            } => Error::Unreadable { version, detail },
+            CheckError::Invalid(errors) => Error::Invalid {
+                workflow: String::new(),
+                errors,
+            },
         }
     }
 }
@@ -211,13 +238,24 @@ impl HostBuilder {
         let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
         let executor = Executor::new(
             store.clone(),
-            Arc::new(SandboxTools { host: sandbox.clone() }),
+            Arc::new(SandboxTools {
+                host: sandbox.clone(),
+            }),
             models,
             Arc::new(SystemClock),
             armory.clone(),
-            ExecutorConfig { host_id: self.host_id.clone() },
+            ExecutorConfig {
+                host_id: self.host_id.clone(),
+            },
         );
-        Ok(Host { inner: Arc::new(Inner { store, sandbox, executor, armory }) })
+        Ok(Host {
+            inner: Arc::new(Inner {
+                store,
+                sandbox,
+                executor,
+                armory,
+            }),
+        })
     }
 }
 
@@ -250,7 +288,11 @@ pub enum Target {
 impl Target {
     /// A path that exists is a file; `b3:…` or bare hex is a version.
     pub fn parse(s: &str) -> Target {
-        if Path::new(s).exists() || s.ends_with(".yaml") || s.ends_with(".yml") || s.ends_with(".json") {
+        if Path::new(s).exists()
+            || s.ends_with(".yaml")
+            || s.ends_with(".yml")
+            || s.ends_with(".json")
+        {
             Target::File(PathBuf::from(s))
         } else {
             Target::Version(s.to_owned())
@@ -339,15 +381,24 @@ impl Host {
 
     /// Validates a definition against this host's registries and store.
     pub async fn validate(&self, def: &WorkflowDef) -> Result<Validated, Error> {
-        check(&*self.inner.store, &self.inner.sandbox, def).await.map_err(|e| match Error::from(e) {
-            Error::Invalid { errors, .. } => Error::Invalid { workflow: def.id.to_string(), errors },
-            other => other,
-        })
+        check(&*self.inner.store, &self.inner.sandbox, def)
+            .await
+            .map_err(|e| match Error::from(e) {
+                Error::Invalid { errors, .. } => Error::Invalid {
+                    workflow: def.id.to_string(),
+                    errors,
+                },
+                other => other,
+            })
     }
 
     /// Validates and publishes a definition. A definition that does not
     /// validate is never published.
-    pub async fn publish(&self, def: &WorkflowDef, parent: Option<&str>) -> Result<Published, Error> {
+    pub async fn publish(
+        &self,
+        def: &WorkflowDef,
+        parent: Option<&str>,
+    ) -> Result<Published, Error> {
         let validated = self.validate(def).await?;
         let parent = match parent {
             Some(p) => Some(self.resolve_version(p).await?),
@@ -356,7 +407,11 @@ impl Host {
         self.publish_validated(&validated, parent).await
     }
 
-    async fn publish_validated(&self, v: &Validated, parent: Option<WorkflowVersion>) -> Result<Published, Error> {
+    async fn publish_validated(
+        &self,
+        v: &Validated,
+        parent: Option<WorkflowVersion>,
+    ) -> Result<Published, Error> {
         let def = v.def();
         let out = self
             .inner
@@ -376,7 +431,10 @@ impl Host {
                 created: true,
                 ignored_parent: None,
             },
-            store::PublishOutcome::Existing { record, ignored_parent } => Published {
+            store::PublishOutcome::Existing {
+                record,
+                ignored_parent,
+            } => Published {
                 workflow: record.workflow_id,
                 version: record.version,
                 parent: record.parent,
@@ -406,23 +464,41 @@ impl Host {
     /// A stored version and its definition.
     pub async fn version(&self, text: &str) -> Result<(VersionRecord, WorkflowDef), Error> {
         let v = self.resolve_version(text).await?;
-        let record = self.inner.store.version(&v).await?.ok_or_else(|| Error::NotFound {
-            what: "version",
-            given: text.to_owned(),
-            hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
+        let record = self
+            .inner
+            .store
+            .version(&v)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: "version",
+                given: text.to_owned(),
+                hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
+            })?;
+        let def = workflow::from_canonical(&record.canonical).map_err(|e| Error::Unreadable {
+            version: v,
+            detail: e.to_string(),
         })?;
-        let def = workflow::from_canonical(&record.canonical)
-            .map_err(|e| Error::Unreadable { version: v, detail: e.to_string() })?;
         Ok((record, def))
     }
 
     /// Every version of a workflow, with parents, in publish order.
     pub async fn versions(&self, workflow: &str) -> Result<Vec<VersionRecord>, Error> {
-        let list = self.inner.store.versions_of(&WorkflowId::from(workflow)).await?;
+        let list = self
+            .inner
+            .store
+            .versions_of(&WorkflowId::from(workflow))
+            .await?;
         if list.is_empty() {
-            let known: Vec<String> =
-                self.inner.store.workflows().await?.into_iter().map(|w| w.workflow_id.to_string()).collect();
-            let nearest = workflow::registry::nearest_names(workflow, known.iter().map(String::as_str));
+            let known: Vec<String> = self
+                .inner
+                .store
+                .workflows()
+                .await?
+                .into_iter()
+                .map(|w| w.workflow_id.to_string())
+                .collect();
+            let nearest =
+                workflow::registry::nearest_names(workflow, known.iter().map(String::as_str));
             return Err(Error::NotFound {
                 what: "workflow",
                 given: workflow.to_owned(),
@@ -469,19 +545,35 @@ impl Host {
     }
 
     /// Runs a workflow on an input until it ends, waits or blocks.
-    pub async fn run(&self, target: &Target, input: Value, idempotency_key: Option<String>) -> Result<RunOutcome, Error> {
+    pub async fn run(
+        &self,
+        target: &Target,
+        input: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<RunOutcome, Error> {
         let v = self.arm(target).await?;
         let armed = self.inner.armory.arm_validated(v);
-        let opts = StartOptions { idempotency_key, ..StartOptions::default() };
+        let opts = StartOptions {
+            idempotency_key,
+            ..StartOptions::default()
+        };
         Ok(self.inner.executor.run(armed, input, opts).await?)
     }
 
     /// Starts a run and returns its id without waiting for it (the run is
     /// driven on a background task).
-    pub async fn start(&self, target: &Target, input: Value, idempotency_key: Option<String>) -> Result<RunId, Error> {
+    pub async fn start(
+        &self,
+        target: &Target,
+        input: Value,
+        idempotency_key: Option<String>,
+    ) -> Result<RunId, Error> {
         let v = self.arm(target).await?;
         let armed = self.inner.armory.arm_validated(v);
-        let opts = StartOptions { idempotency_key, ..StartOptions::default() };
+        let opts = StartOptions {
+            idempotency_key,
+            ..StartOptions::default()
+        };
         let started = self.inner.executor.start(armed, input, opts).await?;
         let exec = self.inner.executor.clone();
         let run = started.run.clone();
@@ -511,7 +603,14 @@ impl Host {
 
     /// Recent runs, newest first.
     pub async fn runs(&self, limit: u32) -> Result<Vec<RunRecord>, Error> {
-        Ok(self.inner.store.list_runs(store::RunFilter { limit: Some(limit), ..Default::default() }).await?)
+        Ok(self
+            .inner
+            .store
+            .list_runs(store::RunFilter {
+                limit: Some(limit),
+                ..Default::default()
+            })
+            .await?)
     }
 
     /// A run's episode.
@@ -541,7 +640,10 @@ impl Host {
         }
         let mut phases: BTreeMap<(String, u32, u32), Vec<store::IntentPhase>> = BTreeMap::new();
         for i in &intents {
-            phases.entry((i.step.to_string(), i.iteration, i.attempt)).or_default().push(i.phase);
+            phases
+                .entry((i.step.to_string(), i.iteration, i.attempt))
+                .or_default()
+                .push(i.phase);
         }
         let incomplete = phases
             .iter()
@@ -554,10 +656,22 @@ impl Host {
                         && ps.last().is_some_and(|p| matches!(p, Committed | Failed))))
             })
             .map(|((s, it, at), ps)| {
-                format!("step `{s}` iteration {it} attempt {at}: {}", ps.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" → "))
+                format!(
+                    "step `{s}` iteration {it} attempt {at}: {}",
+                    ps.iter()
+                        .map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" → ")
+                )
             })
             .collect();
-        Ok(Audit { run: rec, intents, tool_calls, verdicts, incomplete })
+        Ok(Audit {
+            run: rec,
+            intents,
+            tool_calls,
+            verdicts,
+            incomplete,
+        })
     }
 
     /// Drives a stopped run again (see [`executor::Executor::resume`]).
@@ -569,19 +683,36 @@ impl Host {
     /// Cancels a run.
     pub async fn cancel(&self, run: &str) -> Result<RunRecord, Error> {
         let id = self.run_id(run)?;
-        Ok(self.inner.executor.cancel(&id, "cancelled by an operator").await?)
+        Ok(self
+            .inner
+            .executor
+            .cancel(&id, "cancelled by an operator")
+            .await?)
     }
 
     /// Runs a failed run again from a step (by default the one that failed).
     pub async fn retry(&self, run: &str, from: Option<&str>) -> Result<RunOutcome, Error> {
         let id = self.run_id(run)?;
-        Ok(self.inner.executor.retry(&id, from.map(StepId::from)).await?)
+        Ok(self
+            .inner
+            .executor
+            .retry(&id, from.map(StepId::from))
+            .await?)
     }
 
     /// Records an operator's decision on a tool call with an unknown outcome.
-    pub async fn reconcile(&self, run: &str, step: &str, decision: Reconciliation) -> Result<RunOutcome, Error> {
+    pub async fn reconcile(
+        &self,
+        run: &str,
+        step: &str,
+        decision: Reconciliation,
+    ) -> Result<RunOutcome, Error> {
         let id = self.run_id(run)?;
-        Ok(self.inner.executor.reconcile(&id, &StepId::from(step), decision).await?)
+        Ok(self
+            .inner
+            .executor
+            .reconcile(&id, &StepId::from(step), decision)
+            .await?)
     }
 
     /// Open judgment requests.
@@ -595,7 +726,11 @@ impl Host {
     }
 
     /// Submits a judge's answer.
-    pub async fn submit_judgment(&self, id: &str, submission: JudgmentSubmission) -> Result<RunOutcome, Error> {
+    pub async fn submit_judgment(
+        &self,
+        id: &str,
+        submission: JudgmentSubmission,
+    ) -> Result<RunOutcome, Error> {
         Ok(self.inner.executor.submit_judgment(id, submission).await?)
     }
 
@@ -612,7 +747,11 @@ impl Host {
         args: Value,
         idempotency_key: String,
     ) -> Result<(Value, Value), (String, Value)> {
-        let inv = self.inner.sandbox.invoke_tool(sandbox::ToolCall::new(tool, args, idempotency_key)).await;
+        let inv = self
+            .inner
+            .sandbox
+            .invoke_tool(sandbox::ToolCall::new(tool, args, idempotency_key))
+            .await;
         let record = serde_json::to_value(&inv.record).unwrap_or(Value::Null);
         match inv.outcome {
             Ok(v) => Ok((v, record)),
@@ -651,15 +790,32 @@ impl Host {
 
 /// Reads and parses a workflow file.
 pub fn load_file(path: &Path) -> Result<Loaded, Error> {
-    let format = Format::from_path(&path.to_string_lossy()).ok_or_else(|| Error::UnknownFormat { path: path.to_owned() })?;
-    let meta = std::fs::metadata(path).map_err(|source| Error::Read { path: path.to_owned(), source })?;
+    let format =
+        Format::from_path(&path.to_string_lossy()).ok_or_else(|| Error::UnknownFormat {
+            path: path.to_owned(),
+        })?;
+    let meta = std::fs::metadata(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
     if meta.len() > MAX_WORKFLOW_FILE_BYTES {
-        return Err(Error::TooLarge { path: path.to_owned(), size: meta.len(), limit: MAX_WORKFLOW_FILE_BYTES });
+        return Err(Error::TooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+            limit: MAX_WORKFLOW_FILE_BYTES,
+        });
     }
-    let bytes = std::fs::read(path).map_err(|source| Error::Read { path: path.to_owned(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
     let def = workflow::parse(&bytes, format, &path.to_string_lossy())?;
     let version = workflow::version_of(&def);
-    Ok(Loaded { path: path.to_owned(), def, version })
+    Ok(Loaded {
+        path: path.to_owned(),
+        def,
+        version,
+    })
 }
 
 fn plan_of(v: &Validated) -> Plan {
@@ -685,7 +841,9 @@ fn plan_of(v: &Validated) -> Plan {
         let s = def.step(id.as_str())?;
         let runs = match &s.kind {
             StepKind::Parallel(p) => p.branches.clone(),
-            StepKind::Conditional(c) => std::iter::once(c.then.clone()).chain(c.otherwise.clone()).collect(),
+            StepKind::Conditional(c) => std::iter::once(c.then.clone())
+                .chain(c.otherwise.clone())
+                .collect(),
             _ => Vec::new(),
         };
         let tool = match &s.kind {
@@ -698,7 +856,11 @@ fn plan_of(v: &Validated) -> Plan {
             owner: owner.get(&s.id).cloned(),
             runs,
             tool,
-            verifiers: s.verify.iter().filter_map(|r| v.verifier(&r.verifier).cloned()).collect(),
+            verifiers: s
+                .verify
+                .iter()
+                .filter_map(|r| v.verifier(&r.verifier).cloned())
+                .collect(),
             sub_workflow: v.sub_workflow(&s.id).map(|c| c.version()),
             max_attempts: s.retry.max_attempts,
             timeout_ms: s.effective_timeout().0,
@@ -726,7 +888,10 @@ fn plan_of(v: &Validated) -> Plan {
     let loops = def
         .transitions
         .iter()
-        .filter_map(|t| t.max_iterations.map(|m| (t.from.clone(), t.to.clone(), m.get())))
+        .filter_map(|t| {
+            t.max_iterations
+                .map(|m| (t.from.clone(), t.to.clone(), m.get()))
+        })
         .collect();
     Plan {
         workflow: def.id.clone(),

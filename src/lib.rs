@@ -26,11 +26,12 @@ mod host;
 pub mod mcp;
 pub mod tools;
 
-pub use armory::{check, fetch_subworkflows, CheckError};
+pub use armory::{CheckError, check, fetch_subworkflows};
 pub use executor::{JudgmentSubmission, Reconciliation, RunState};
 pub use host::{
-    load_file, Audit, Error, Host, HostBuilder, Loaded, ModelChoice, OpenAiConfig, EffortMode, Plan, PlannedStep,
-    Published, Rule, RunOutcome, RunStatus, Target, Episode, MAX_WORKFLOW_FILE_BYTES,
+    Audit, EffortMode, Episode, Error, Host, HostBuilder, Loaded, MAX_WORKFLOW_FILE_BYTES,
+    ModelChoice, OpenAiConfig, Plan, PlannedStep, Published, Rule, RunOutcome, RunStatus, Target,
+    load_file,
 };
 
 use async_trait::async_trait;

@@ -19,7 +19,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use crate::host::{Host, Target};
 
@@ -28,7 +28,11 @@ fn fixed_tools() -> Vec<(&'static str, &'static str, Value)> {
     let run = json!({"type": "object", "properties": {"run": {"type": "string", "description": "A run id (WFR-…)"}}, "required": ["run"]});
     let target = json!({"type": "string", "description": "A workflow file path or a published version (b3:…, abbreviations accepted)"});
     vec![
-        ("workflow_list", "List published workflows with their latest versions.", json!({"type": "object", "properties": {}})),
+        (
+            "workflow_list",
+            "List published workflows with their latest versions.",
+            json!({"type": "object", "properties": {}}),
+        ),
         (
             "workflow_actions",
             "List the registered tools and verifiers with their capabilities, effect classes and shadow eligibility.",
@@ -48,7 +52,11 @@ fn fixed_tools() -> Vec<(&'static str, &'static str, Value)> {
                 "idempotency_key": {"type": "string", "description": "Same key and input returns the existing run"}
             }, "required": ["target"]}),
         ),
-        ("workflow_status", "A run's status and step states.", run.clone()),
+        (
+            "workflow_status",
+            "A run's status and step states.",
+            run.clone(),
+        ),
         ("workflow_resume", "Drive a stopped run again.", run.clone()),
         ("workflow_cancel", "Cancel a run.", run.clone()),
         (
@@ -56,7 +64,11 @@ fn fixed_tools() -> Vec<(&'static str, &'static str, Value)> {
             "Run a failed run again from a step (by default the one that failed).",
             json!({"type": "object", "properties": {"run": {"type": "string"}, "from": {"type": "string"}}, "required": ["run"]}),
         ),
-        ("workflow_audit", "A run's intent records, tool calls and verdicts with hostcall records.", run),
+        (
+            "workflow_audit",
+            "A run's intent records, tool calls and verdicts with hostcall records.",
+            run,
+        ),
     ]
 }
 
@@ -91,7 +103,10 @@ impl PoimenMcp {
                 .clone()
                 .or_else(|| def.description.clone())
                 .unwrap_or_else(|| format!("Runs workflow `{}` ({})", def.id, version.short(12)));
-            let input = def.inputs.clone().unwrap_or_else(|| json!({"type": "object"}));
+            let input = def
+                .inputs
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object"}));
             let mut tool = Tool::new(name, description, object(input));
             // MCP output schemas describe objects; wrap the run's output.
             let output = json!({"type": "object", "properties": {
@@ -111,7 +126,12 @@ impl PoimenMcp {
             args.get(key)
                 .and_then(Value::as_str)
                 .map(str::to_owned)
-                .ok_or_else(|| McpError::invalid_params(format!("`{name}` needs a string argument `{key}`"), None))
+                .ok_or_else(|| {
+                    McpError::invalid_params(
+                        format!("`{name}` needs a string argument `{key}`"),
+                        None,
+                    )
+                })
         };
         let result: Result<Value, crate::Error> = match name {
             "workflow_list" => self.host.workflows().await.map(|w| json!({"workflows": w})),
@@ -125,33 +145,58 @@ impl PoimenMcp {
                     })
                 };
                 let tools: Vec<Value> = self.host.tools().into_iter().map(describe).collect();
-                let verifiers: Vec<Value> = self.host.verifiers().into_iter().map(describe).collect();
+                let verifiers: Vec<Value> =
+                    self.host.verifiers().into_iter().map(describe).collect();
                 Ok(json!({"tools": tools, "verifiers": verifiers}))
             }
             "workflow_plan" => {
                 let t = text("target")?;
-                self.host.plan(&Target::parse(&t)).await.map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
+                self.host
+                    .plan(&Target::parse(&t))
+                    .await
+                    .map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
             }
             "workflow_run" => {
                 let t = text("target")?;
                 let input = args.get("input").cloned().unwrap_or(json!({}));
-                let key = args.get("idempotency_key").and_then(Value::as_str).map(str::to_owned);
-                self.host.run(&Target::parse(&t), input, key).await.map(|o| outcome(&o))
+                let key = args
+                    .get("idempotency_key")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                self.host
+                    .run(&Target::parse(&t), input, key)
+                    .await
+                    .map(|o| outcome(&o))
             }
-            "workflow_status" => self.host.status(&text("run")?).await.map(|(rec, state)| {
-                json!({"run": rec, "steps": state.steps, "output": state.output})
-            }),
+            "workflow_status" => self.host.status(&text("run")?).await.map(
+                |(rec, state)| json!({"run": rec, "steps": state.steps, "output": state.output}),
+            ),
             "workflow_resume" => self.host.resume(&text("run")?).await.map(|o| outcome(&o)),
-            "workflow_cancel" => self.host.cancel(&text("run")?).await.map(|r| json!({"run": r})),
+            "workflow_cancel" => self
+                .host
+                .cancel(&text("run")?)
+                .await
+                .map(|r| json!({"run": r})),
             "workflow_retry" => {
                 let from = args.get("from").and_then(Value::as_str);
-                self.host.retry(&text("run")?, from).await.map(|o| outcome(&o))
+                self.host
+                    .retry(&text("run")?, from)
+                    .await
+                    .map(|o| outcome(&o))
             }
-            "workflow_audit" => self.host.audit(&text("run")?).await.map(|a| serde_json::to_value(a).unwrap_or(Value::Null)),
+            "workflow_audit" => self
+                .host
+                .audit(&text("run")?)
+                .await
+                .map(|a| serde_json::to_value(a).unwrap_or(Value::Null)),
             other => {
                 let tools = self.host.workflow_tools().await.map_err(internal)?;
                 let found = tools.into_iter().find(|(_, d)| {
-                    d.tool.as_ref().map(|t| t.name.clone().unwrap_or_else(|| d.id.to_string())).as_deref() == Some(other)
+                    d.tool
+                        .as_ref()
+                        .map(|t| t.name.clone().unwrap_or_else(|| d.id.to_string()))
+                        .as_deref()
+                        == Some(other)
                 });
                 let Some((version, _)) = found else {
                     return Err(McpError::invalid_params(
@@ -160,15 +205,26 @@ impl PoimenMcp {
                     ));
                 };
                 self.host
-                    .run(&Target::Version(version.to_string()), Value::Object(args.clone()), None)
+                    .run(
+                        &Target::Version(version.to_string()),
+                        Value::Object(args.clone()),
+                        None,
+                    )
                     .await
                     .map(|o| outcome(&o))
             }
         };
         Ok(match result {
             Ok(v) => {
-                let failed = matches!(v.get("status").and_then(Value::as_str), Some("failed" | "cancelled"));
-                if failed { CallToolResult::structured_error(v) } else { CallToolResult::structured(v) }
+                let failed = matches!(
+                    v.get("status").and_then(Value::as_str),
+                    Some("failed" | "cancelled")
+                );
+                if failed {
+                    CallToolResult::structured_error(v)
+                } else {
+                    CallToolResult::structured(v)
+                }
             }
             Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
         })
@@ -198,7 +254,9 @@ impl ServerHandler for PoimenMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.tools().await.map_err(internal)?))
+        Ok(ListToolsResult::with_all_items(
+            self.tools().await.map_err(internal)?,
+        ))
     }
 
     async fn call_tool(
@@ -207,7 +265,9 @@ impl ServerHandler for PoimenMcp {
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let args = request.arguments.unwrap_or_default();
-        self.call(&request.name, args).await.map(CallToolResponse::from)
+        self.call(&request.name, args)
+            .await
+            .map(CallToolResponse::from)
     }
 }
 
@@ -217,6 +277,9 @@ pub async fn serve_stdio(host: Host) -> Result<(), crate::Error> {
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| crate::Error::Mcp(e.to_string()))?;
-    server.waiting().await.map_err(|e| crate::Error::Mcp(e.to_string()))?;
+    server
+        .waiting()
+        .await
+        .map_err(|e| crate::Error::Mcp(e.to_string()))?;
     Ok(())
 }

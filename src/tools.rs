@@ -42,7 +42,9 @@ fn failure(e: InvokeError) -> Failure {
     let class = classify(&e);
     let message = match &e {
         InvokeError::DigestMismatch { .. } => {
-            format!("{e}; the component changed on disk since the run pinned it — restore it, or retry the run")
+            format!(
+                "{e}; the component changed on disk since the run pinned it — restore it, or retry the run"
+            )
         }
         _ => e.to_string(),
     };
@@ -52,7 +54,10 @@ fn failure(e: InvokeError) -> Failure {
 fn unresolved(what: &str, r: &ToolRef, u: Unresolved) -> Failure {
     let mut msg = format!("{what} `{r}` is not registered (searched {})", u.registry);
     if !u.available_versions.is_empty() {
-        msg.push_str(&format!("; registered versions: {}", u.available_versions.join(", ")));
+        msg.push_str(&format!(
+            "; registered versions: {}",
+            u.available_versions.join(", ")
+        ));
     }
     if !u.nearest.is_empty() {
         msg.push_str(&format!("; did you mean {}?", u.nearest.join(", ")));
@@ -72,9 +77,17 @@ fn exact(identity: &ToolIdentity) -> ToolRef {
 #[async_trait]
 impl ToolHost for SandboxTools {
     fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure> {
-        let info = self.host.tools().resolve_tool(tool).map_err(|u| unresolved("tool", tool, u))?;
+        let info = self
+            .host
+            .tools()
+            .resolve_tool(tool)
+            .map_err(|u| unresolved("tool", tool, u))?;
         Ok((
-            ToolIdentity { name: info.name, version: info.version.to_string(), digest: info.digest },
+            ToolIdentity {
+                name: info.name,
+                version: info.version.to_string(),
+                digest: info.digest,
+            },
             info.effect,
         ))
     }
@@ -85,7 +98,11 @@ impl ToolHost for SandboxTools {
             .verifiers()
             .resolve_verifier(verifier)
             .map_err(|u| unresolved("verifier", verifier, u))?;
-        Ok(ToolIdentity { name: info.name, version: info.version.to_string(), digest: info.digest })
+        Ok(ToolIdentity {
+            name: info.name,
+            version: info.version.to_string(),
+            digest: info.digest,
+        })
     }
 
     async fn invoke(&self, call: ToolCall) -> ToolResult {
@@ -93,7 +110,12 @@ impl ToolHost for SandboxTools {
             .pinned(call.tool.digest.clone())
             .timeout(call.timeout);
         let inv = self.host.invoke_tool(request).await;
-        let capabilities = inv.record.capabilities.iter().map(|g| g.capability.clone()).collect();
+        let capabilities = inv
+            .record
+            .capabilities
+            .iter()
+            .map(|g| g.capability.clone())
+            .collect();
         ToolResult {
             outcome: inv.outcome.map_err(failure),
             record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
@@ -102,14 +124,19 @@ impl ToolHost for SandboxTools {
     }
 
     async fn verify(&self, call: VerifierCall) -> VerifierResult {
-        let mut request = sandbox::VerifierCall::new(exact(&call.verifier), call.input, call.output, call.config);
+        let mut request =
+            sandbox::VerifierCall::new(exact(&call.verifier), call.input, call.output, call.config);
         request.expected_digest = Some(call.verifier.digest.clone());
         request.timeout = Some(call.timeout);
         let inv = self.host.invoke_verifier(request).await;
         VerifierResult {
             outcome: inv
                 .outcome
-                .map(|v| Verdict { pass: v.pass, score: v.score, reason: v.reason })
+                .map(|v| Verdict {
+                    pass: v.pass,
+                    score: v.score,
+                    reason: v.reason,
+                })
                 .map_err(failure),
             record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
         }

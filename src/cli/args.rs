@@ -50,10 +50,21 @@ pub struct Global {
     #[arg(long, global = true, value_name = "URL", env = "POIMEN_MODEL_URL")]
     pub model: Option<String>,
     /// Model name used when a step names none.
-    #[arg(long, global = true, value_name = "NAME", env = "POIMEN_MODEL_NAME", default_value = "llama3.2")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "NAME",
+        env = "POIMEN_MODEL_NAME",
+        default_value = "llama3.2"
+    )]
     pub model_name: String,
     /// Environment variable holding the endpoint's API key.
-    #[arg(long, global = true, value_name = "VAR", default_value = "OPENAI_API_KEY")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "VAR",
+        default_value = "OPENAI_API_KEY"
+    )]
     pub api_key_env: String,
     /// Send each step's reasoning effort to the endpoint.
     #[arg(long, global = true)]
@@ -145,12 +156,19 @@ pub enum Command {
         from: Option<String>,
     },
     /// Decide the outcome of a tool call left unknown by a crash, and resume.
-    #[command(after_help = "Example: poimen reconcile WFR-01J... charge --committed '{\"ok\": true}'")]
+    #[command(
+        after_help = "Example: poimen reconcile WFR-01J... charge --committed '{\"ok\": true}'"
+    )]
     Reconcile {
         run: String,
         step: String,
         /// The call happened; its output (JSON, or @FILE).
-        #[arg(long, value_name = "OUTPUT", conflicts_with = "failed", required_unless_present = "failed")]
+        #[arg(
+            long,
+            value_name = "OUTPUT",
+            conflicts_with = "failed",
+            required_unless_present = "failed"
+        )]
         committed: Option<String>,
         /// The call did not happen (or is to be treated as failed).
         #[arg(long, value_name = "REASON")]
@@ -197,13 +215,17 @@ pub enum PluginCmd {
     #[command(after_help = "Example: poimen plugin list")]
     List,
     /// A component's descriptor, actual imports, capabilities and eligibility.
-    #[command(after_help = "Example: poimen plugin inspect target/wasm32-wasip2/release/my_tool.wasm")]
+    #[command(
+        after_help = "Example: poimen plugin inspect target/wasm32-wasip2/release/my_tool.wasm"
+    )]
     Inspect { file: PathBuf },
     /// Copy a component into the store's plugin directory under its digest.
     #[command(after_help = "Example: poimen plugin add my_tool.wasm")]
     Add { file: PathBuf },
     /// Invoke a tool through the host, with a hostcall record.
-    #[command(after_help = "Example: poimen plugin call text '{\"op\": \"count\", \"pattern\": \"o\", \"text\": \"foo\"}'")]
+    #[command(
+        after_help = "Example: poimen plugin call text '{\"op\": \"count\", \"pattern\": \"o\", \"text\": \"foo\"}'"
+    )]
     Call {
         /// Tool name, optionally with a semver range (`text@^0.1`).
         tool: String,

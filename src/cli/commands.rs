@@ -8,17 +8,20 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::CommandFactory;
 use poimen::{Host, ModelChoice, OpenAiConfig, Reconciliation, RunOutcome, RunStatus, Target};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::args::{Cli, Command, Global, JudgmentCmd, PluginCmd, Shell};
-use super::{exit, Invalid, Usage};
+use super::{Invalid, Usage, exit};
 
 /// Runs one command; returns the exit code.
 pub async fn run(cli: Cli) -> Result<u8> {
     let g = &cli.global;
     match cli.command {
         Command::Schema => {
-            println!("{}", serde_json::to_string_pretty(&workflow::json_schema())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&workflow::json_schema())?
+            );
             Ok(exit::OK)
         }
         Command::Completions { shell } => {
@@ -49,11 +52,16 @@ fn store_path(g: &Global) -> Result<PathBuf> {
 
 fn plugin_store_dir(g: &Global) -> Result<PathBuf> {
     let path = store_path(g)?;
-    Ok(path.parent().map(|p| p.join("plugins")).unwrap_or_else(|| PathBuf::from("plugins")))
+    Ok(path
+        .parent()
+        .map(|p| p.join("plugins"))
+        .unwrap_or_else(|| PathBuf::from("plugins")))
 }
 
 async fn build_host(g: &Global) -> Result<Host> {
-    let mut b = Host::builder().store_path(store_path(g)?).bundled_plugins(!g.no_bundled);
+    let mut b = Host::builder()
+        .store_path(store_path(g)?)
+        .bundled_plugins(!g.no_bundled);
     let added = plugin_store_dir(g)?;
     if added.is_dir() {
         b = b.plugin_dir(added);
@@ -72,11 +80,19 @@ async fn build_host(g: &Global) -> Result<Host> {
             base_url: url.clone(),
             model: g.model_name.clone(),
             api_key: std::env::var(&g.api_key_env).ok(),
-            effort: if g.send_effort { poimen::EffortMode::Send } else { poimen::EffortMode::Omit },
+            effort: if g.send_effort {
+                poimen::EffortMode::Send
+            } else {
+                poimen::EffortMode::Omit
+            },
         }),
         (None, Some(script)) => {
-            let text = std::fs::read_to_string(script)
-                .map_err(|e| Usage(format!("cannot read the model script {}: {e}", script.display())))?;
+            let text = std::fs::read_to_string(script).map_err(|e| {
+                Usage(format!(
+                    "cannot read the model script {}: {e}",
+                    script.display()
+                ))
+            })?;
             let rules: Vec<poimen::Rule> = serde_json::from_str(&text).map_err(|e| {
                 Usage(format!(
                     "{}: not a model script ({e}); write a JSON list like [{{\"when\": \"classify\", \"answer\": \"bug\"}}]",
@@ -94,7 +110,8 @@ async fn build_host(g: &Global) -> Result<Host> {
 fn json_arg(text: &str, what: &str) -> Result<Value> {
     let (body, origin) = match text.strip_prefix('@') {
         Some(path) => (
-            std::fs::read_to_string(path).map_err(|e| Usage(format!("cannot read {what} file {path}: {e}")))?,
+            std::fs::read_to_string(path)
+                .map_err(|e| Usage(format!("cannot read {what} file {path}: {e}")))?,
             path.to_owned(),
         ),
         None => (text.to_owned(), "the command line".to_owned()),
@@ -144,13 +161,19 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&p)?;
             } else {
-                let what = if p.created { "published" } else { "already published (nothing written)" };
+                let what = if p.created {
+                    "published"
+                } else {
+                    "already published (nothing written)"
+                };
                 println!("{}  {} {what}", p.version, p.workflow);
                 if let Some(parent) = p.parent {
                     println!("  parent {parent}");
                 }
                 if let Some(ignored) = p.ignored_parent {
-                    println!("  note: the stored record keeps its parent; --parent {ignored} was not recorded");
+                    println!(
+                        "  note: the stored record keeps its parent; --parent {ignored} was not recorded"
+                    );
                 }
             }
             Ok(exit::OK)
@@ -182,7 +205,12 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                         println!("no published workflows; `poimen publish FILE` publishes one");
                     } else {
                         for w in &list {
-                            println!("{:<32} {} version(s), latest {}", w.workflow_id, w.versions, w.latest.short(12));
+                            println!(
+                                "{:<32} {} version(s), latest {}",
+                                w.workflow_id,
+                                w.versions,
+                                w.latest.short(12)
+                            );
                         }
                     }
                 }
@@ -193,7 +221,9 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             let (record, _) = host.version(&version).await?;
             if g.json {
                 let v: Value = serde_json::from_slice(&record.canonical)?;
-                print_json(&json!({"version": record.version, "parent": record.parent, "workflow": record.workflow_id, "created_at": record.created_at, "canonical": v}))?;
+                print_json(
+                    &json!({"version": record.version, "parent": record.parent, "workflow": record.workflow_id, "created_at": record.created_at, "canonical": v}),
+                )?;
             } else {
                 std::io::stdout().write_all(&record.canonical)?;
                 println!();
@@ -209,7 +239,11 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             } else if changes.is_empty() {
                 println!("no changes: both are {}", workflow::version_of(&a));
             } else {
-                println!("{} -> {}", workflow::version_of(&a).short(12), workflow::version_of(&b).short(12));
+                println!(
+                    "{} -> {}",
+                    workflow::version_of(&a).short(12),
+                    workflow::version_of(&b).short(12)
+                );
                 for c in &changes {
                     println!("  - {c}");
                 }
@@ -225,7 +259,11 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             }
             Ok(exit::OK)
         }
-        Command::Run { target, input, idempotency_key } => {
+        Command::Run {
+            target,
+            input,
+            idempotency_key,
+        } => {
             let input = json_arg(&input, "--input")?;
             run_verb(g, host, &target, input, idempotency_key).await
         }
@@ -251,7 +289,14 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 for i in &audit.intents {
                     println!(
                         "  {} #{} attempt {}  {:<10} {}@{} {}  key {}",
-                        i.step, i.iteration, i.attempt, i.phase.as_str(), i.tool, i.tool_version, short(&i.digest), i.idempotency_key
+                        i.step,
+                        i.iteration,
+                        i.attempt,
+                        i.phase.as_str(),
+                        i.tool,
+                        i.tool_version,
+                        short(&i.digest),
+                        i.idempotency_key
                     );
                 }
                 println!("tool calls:");
@@ -295,11 +340,20 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             let out = host.retry(&run, from.as_deref()).await?;
             finish(g, &out)
         }
-        Command::Reconcile { run, step, committed, failed } => {
+        Command::Reconcile {
+            run,
+            step,
+            committed,
+            failed,
+        } => {
             let decision = match (committed, failed) {
-                (Some(c), _) => Reconciliation::Committed { output: json_arg(&c, "--committed")? },
+                (Some(c), _) => Reconciliation::Committed {
+                    output: json_arg(&c, "--committed")?,
+                },
                 (None, Some(reason)) => Reconciliation::Failed { reason },
-                (None, None) => return Err(Usage("give --committed OUTPUT or --failed REASON".into()).into()),
+                (None, None) => {
+                    return Err(Usage("give --committed OUTPUT or --failed REASON".into()).into());
+                }
             };
             let out = host.reconcile(&run, &step, decision).await?;
             finish(g, &out)
@@ -362,7 +416,12 @@ async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> R
                         }
                     }
                 } else if !g.json {
-                    println!("{}: ok ({}){}", f.display(), loaded.version.short(12), if eligible { ", shadow-eligible" } else { "" });
+                    println!(
+                        "{}: ok ({}){}",
+                        f.display(),
+                        loaded.version.short(12),
+                        if eligible { ", shadow-eligible" } else { "" }
+                    );
                 }
                 report.push(json!({"file": f, "valid": !(shadow && !eligible), "version": loaded.version, "eligibility": v.eligibility()}));
             }
@@ -391,10 +450,24 @@ fn print_plan(plan: &poimen::Plan) {
         let indent = if s.owner.is_some() { "    " } else { "  " };
         let mut line = format!("{indent}{} ({})", s.id, s.kind);
         if !s.runs.is_empty() {
-            line.push_str(&format!(" runs {}", s.runs.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(", ")));
+            line.push_str(&format!(
+                " runs {}",
+                s.runs
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         if let Some(t) = &s.tool {
-            line.push_str(&format!(" tool {}@{} {} [{}] {}", t.name, t.version, short(&t.digest), t.effect, caps(&t.capabilities)));
+            line.push_str(&format!(
+                " tool {}@{} {} [{}] {}",
+                t.name,
+                t.version,
+                short(&t.digest),
+                t.effect,
+                caps(&t.capabilities)
+            ));
         }
         for v in &s.verifiers {
             line.push_str(&format!(" verify {}@{}", v.name, v.version));
@@ -424,7 +497,10 @@ fn caps(c: &[workflow::Capability]) -> String {
     if c.is_empty() {
         String::new()
     } else {
-        c.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+        c.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
@@ -457,8 +533,16 @@ fn finish(g: &Global, out: &RunOutcome) -> Result<u8> {
                 out.run,
                 out.reason.clone().unwrap_or_default()
             ),
-            RunStatus::Blocked => eprintln!("{} is blocked: {}", out.run, out.reason.clone().unwrap_or_default()),
-            other => eprintln!("{} {other}: {}", out.run, out.reason.clone().unwrap_or_default()),
+            RunStatus::Blocked => eprintln!(
+                "{} is blocked: {}",
+                out.run,
+                out.reason.clone().unwrap_or_default()
+            ),
+            other => eprintln!(
+                "{} {other}: {}",
+                out.run,
+                out.reason.clone().unwrap_or_default()
+            ),
         }
         if let Some(o) = &out.output {
             println!("{}", serde_json::to_string_pretty(o)?);
@@ -467,7 +551,13 @@ fn finish(g: &Global, out: &RunOutcome) -> Result<u8> {
     Ok(code_of(out.status))
 }
 
-async fn run_verb(g: &Global, host: &Host, target: &str, input: Value, key: Option<String>) -> Result<u8> {
+async fn run_verb(
+    g: &Global,
+    host: &Host,
+    target: &str,
+    input: Value,
+    key: Option<String>,
+) -> Result<u8> {
     let target = Target::parse(target);
     if let Target::File(p) = &target {
         if !p.exists() {
@@ -505,7 +595,13 @@ async fn run_verb(g: &Global, host: &Host, target: &str, input: Value, key: Opti
                 pb.finish_and_clear();
             }
             let state = host.status(run.as_str()).await?.1;
-            let out = RunOutcome { run: rec.id, status: rec.status, output: state.output.clone(), reason: rec.reason, state };
+            let out = RunOutcome {
+                run: rec.id,
+                status: rec.status,
+                output: state.output.clone(),
+                reason: rec.reason,
+                state,
+            };
             return finish(g, &out);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -515,18 +611,33 @@ async fn run_verb(g: &Global, host: &Host, target: &str, input: Value, key: Opti
 fn progress_line(e: &executor::EpisodeEvent) -> Option<String> {
     use executor::EpisodeEvent as E;
     Some(match e {
-        E::StepStarted { step, iteration, kind, .. } => {
+        E::StepStarted {
+            step,
+            iteration,
+            kind,
+            ..
+        } => {
             if *iteration > 1 {
                 format!("  ▸ {step} ({kind}, iteration {iteration})")
             } else {
                 format!("  ▸ {step} ({kind})")
             }
         }
-        E::StepFinished { step, status, failure, .. } => match failure {
+        E::StepFinished {
+            step,
+            status,
+            failure,
+            ..
+        } => match failure {
             Some(f) => format!("  ✗ {step} {status:?}: {f}"),
             None => format!("  ✓ {step} {}", format!("{status:?}").to_lowercase()),
         },
-        E::AttemptFinished { step, attempt, failure: Some(f), .. } => format!("    attempt {attempt} of {step} failed: {f}"),
+        E::AttemptFinished {
+            step,
+            attempt,
+            failure: Some(f),
+            ..
+        } => format!("    attempt {attempt} of {step} failed: {f}"),
         _ => return None,
     })
 }
@@ -534,23 +645,50 @@ fn progress_line(e: &executor::EpisodeEvent) -> Option<String> {
 fn describe_event(e: &executor::EpisodeEvent) -> String {
     use executor::EpisodeEvent as E;
     match e {
-        E::RunStarted { workflow_id, version, .. } => format!("run started: {workflow_id} {}", version.short(12)),
-        E::ToolCalled { step, attempt, tool, outcome, .. } => format!(
+        E::RunStarted {
+            workflow_id,
+            version,
+            ..
+        } => format!("run started: {workflow_id} {}", version.short(12)),
+        E::ToolCalled {
+            step,
+            attempt,
+            tool,
+            outcome,
+            ..
+        } => format!(
             "tool call {step} attempt {attempt}: {}@{} {}",
             tool.name,
             tool.version,
             match outcome {
-                executor::episode::CallOutcome::Ok { output_hash, .. } => format!("ok {}", short(output_hash)),
+                executor::episode::CallOutcome::Ok { output_hash, .. } =>
+                    format!("ok {}", short(output_hash)),
                 executor::episode::CallOutcome::Err { failure } => format!("error: {failure}"),
             }
         ),
-        E::ModelCalled { step, model, usage, .. } => {
-            format!("model call {step}: {model} ({} in, {} out)", usage.tokens_in, usage.tokens_out)
+        E::ModelCalled {
+            step, model, usage, ..
+        } => {
+            format!(
+                "model call {step}: {model} ({} in, {} out)",
+                usage.tokens_in, usage.tokens_out
+            )
         }
         other => {
             let v = serde_json::to_value(other).unwrap_or(Value::Null);
             let mut s = other.kind().replace('_', " ");
-            for k in ["step", "iteration", "attempt", "status", "reason", "chosen", "winners", "losers", "child_run", "request_id"] {
+            for k in [
+                "step",
+                "iteration",
+                "attempt",
+                "status",
+                "reason",
+                "chosen",
+                "winners",
+                "losers",
+                "child_run",
+                "request_id",
+            ] {
                 if let Some(x) = v.get(k) {
                     if !x.is_null() {
                         s.push_str(&format!(" {k}={x}"));
@@ -569,12 +707,21 @@ async fn status(g: &Global, host: &Host, run: Option<&str>, limit: u32) -> Resul
             if g.json {
                 print_json(&json!({"run": rec, "state": state}))?;
             } else {
-                println!("{}  {}  {} {}", rec.id, rec.status, rec.workflow_id, rec.version.short(12));
+                println!(
+                    "{}  {}  {} {}",
+                    rec.id,
+                    rec.status,
+                    rec.workflow_id,
+                    rec.version.short(12)
+                );
                 if let Some(r) = &rec.reason {
                     println!("  {r}");
                 }
                 for (id, s) in &state.steps {
-                    println!("  {id:<24} {:?} (iteration {}, attempt {})", s.status, s.iteration, s.attempt);
+                    println!(
+                        "  {id:<24} {:?} (iteration {}, attempt {})",
+                        s.status, s.iteration, s.attempt
+                    );
                 }
                 if let Some(o) = &state.output {
                     println!("output: {}", serde_json::to_string(o)?);
@@ -608,7 +755,13 @@ async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {
                 println!("no open judgment requests");
             } else {
                 for j in &list {
-                    println!("{}  run {} step {}  {}", j.id, j.run, j.step, j.request["question"].as_str().unwrap_or(""));
+                    println!(
+                        "{}  run {} step {}  {}",
+                        j.id,
+                        j.run,
+                        j.step,
+                        j.request["question"].as_str().unwrap_or("")
+                    );
                 }
             }
             Ok(exit::OK)
@@ -681,23 +834,43 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
             if g.json {
                 print_json(&i)?;
             } else {
-                println!("{} {} ({:?}, {})", i.info.name, i.info.version, i.kind, i.info.effect);
+                println!(
+                    "{} {} ({:?}, {})",
+                    i.info.name, i.info.version, i.kind, i.info.effect
+                );
                 println!("  {}", i.info.description);
                 println!("  digest {}", i.info.digest);
-                println!("  declared capabilities: {}", if i.info.capabilities.is_empty() { "none".into() } else { caps(&i.info.capabilities) });
+                println!(
+                    "  declared capabilities: {}",
+                    if i.info.capabilities.is_empty() {
+                        "none".into()
+                    } else {
+                        caps(&i.info.capabilities)
+                    }
+                );
                 println!("  imports:");
                 for imp in &i.imports {
                     println!("    {} ({:?})", imp.name, imp.class);
                 }
                 match &i.eligibility {
                     Ok(()) => println!("  shadow evaluation: eligible"),
-                    Err(why) => println!("  shadow evaluation: not eligible: {}", why.iter().map(|w| w.to_string()).collect::<Vec<_>>().join("; ")),
+                    Err(why) => println!(
+                        "  shadow evaluation: not eligible: {}",
+                        why.iter()
+                            .map(|w| w.to_string())
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
                 }
                 for p in &i.problems {
                     println!("  problem: {p}");
                 }
             }
-            Ok(if i.problems.is_empty() { exit::OK } else { exit::INVALID })
+            Ok(if i.problems.is_empty() {
+                exit::OK
+            } else {
+                exit::INVALID
+            })
         }
         PluginCmd::Add { file } => {
             let bytes = read_component(&file)?;
@@ -711,18 +884,32 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 .into());
             }
             let dir = plugin_store_dir(g)?;
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
             let hex = i.info.digest.trim_start_matches("b3:");
-            let dest = dir.join(format!("{}-{}.wasm", i.info.name, &hex[..hex.len().min(16)]));
+            let dest = dir.join(format!(
+                "{}-{}.wasm",
+                i.info.name,
+                &hex[..hex.len().min(16)]
+            ));
             if !dest.exists() {
                 let tmp = dest.with_extension("wasm.tmp");
-                std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-                std::fs::rename(&tmp, &dest).with_context(|| format!("cannot write {}", dest.display()))?;
+                std::fs::write(&tmp, &bytes)
+                    .with_context(|| format!("cannot write {}", tmp.display()))?;
+                std::fs::rename(&tmp, &dest)
+                    .with_context(|| format!("cannot write {}", dest.display()))?;
             }
             if g.json {
-                print_json(&json!({"name": i.info.name, "version": i.info.version.to_string(), "digest": i.info.digest, "path": dest}))?;
+                print_json(
+                    &json!({"name": i.info.name, "version": i.info.version.to_string(), "digest": i.info.digest, "path": dest}),
+                )?;
             } else {
-                println!("{} {} added as {}", i.info.name, i.info.version, dest.display());
+                println!(
+                    "{} {} added as {}",
+                    i.info.name,
+                    i.info.version,
+                    dest.display()
+                );
             }
             Ok(exit::OK)
         }

@@ -71,7 +71,11 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
 /// its causes. Never a panic or a Debug dump.
 pub fn report(e: &anyhow::Error) {
     let red = std::io::stderr().is_terminal();
-    let label = if red { "\x1b[1;31merror\x1b[0m" } else { "error" };
+    let label = if red {
+        "\x1b[1;31merror\x1b[0m"
+    } else {
+        "error"
+    };
     eprintln!("{label}: {e}");
     if let Some(poimen::Error::Invalid { errors, .. }) = e.downcast_ref::<poimen::Error>() {
         for err in errors {

@@ -2,9 +2,9 @@
 //! exit codes, one-line errors that say what to do, `--json` documents.
 
 use predicates::prelude::*;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::support::{fixture, Env};
+use crate::support::{Env, fixture};
 
 const TEXT_REPORT: &str = "examples/text-report.yaml";
 
@@ -17,10 +17,20 @@ fn run_prints_the_run_id_first_and_the_output_last() {
     let env = Env::new();
     let out = env
         .cmd()
-        .args(["run", fixture(TEXT_REPORT).to_str().expect("utf8"), "--input", &input()])
+        .args([
+            "run",
+            fixture(TEXT_REPORT).to_str().expect("utf8"),
+            "--input",
+            &input(),
+        ])
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).expect("utf8");
     let first = stdout.lines().next().expect("a first line");
     assert!(first.starts_with("WFR-"), "{stdout}");
@@ -28,7 +38,10 @@ fn run_prints_the_run_id_first_and_the_output_last() {
     assert_eq!(output["words"], json!(11));
     assert_eq!(output["flagged"], json!(true));
     assert_eq!(output["emails"].as_array().map(Vec::len), Some(2));
-    assert_eq!(output["text"], json!("Please refund $40 to <email>, cc <email>"));
+    assert_eq!(
+        output["text"],
+        json!("Please refund $40 to <email>, cc <email>")
+    );
     // The store was created under POIMEN_HOME.
     assert!(env.path().join("home/poimen.db").exists());
 }
@@ -36,7 +49,12 @@ fn run_prints_the_run_id_first_and_the_output_last() {
 #[test]
 fn run_json_status_episode_audit_resume() {
     let env = Env::new();
-    let (code, out) = env.json(&["run", fixture(TEXT_REPORT).to_str().expect("utf8"), "--input", &input()]);
+    let (code, out) = env.json(&[
+        "run",
+        fixture(TEXT_REPORT).to_str().expect("utf8"),
+        "--input",
+        &input(),
+    ]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out["status"], json!("completed"));
     let run = out["run"].as_str().expect("run id").to_owned();
@@ -44,7 +62,10 @@ fn run_json_status_episode_audit_resume() {
     let (code, status) = env.json(&["status", &run]);
     assert_eq!(code, 0);
     assert_eq!(status["run"]["status"], json!("completed"));
-    assert_eq!(status["state"]["steps"]["words"]["status"], json!("completed"));
+    assert_eq!(
+        status["state"]["steps"]["words"]["status"],
+        json!("completed")
+    );
 
     let (_, list) = env.json(&["status"]);
     assert_eq!(list.as_array().map(Vec::len), Some(1));
@@ -53,7 +74,10 @@ fn run_json_status_episode_audit_resume() {
     assert_eq!(code, 0);
     let events = episode["events"].as_array().expect("events");
     assert_eq!(events[0]["event"], json!("run_started"));
-    assert_eq!(events.last().expect("last")["event"], json!("run_completed"));
+    assert_eq!(
+        events.last().expect("last")["event"],
+        json!("run_completed")
+    );
     // It refolds to the state `status` shows.
     let ep: executor::Episode = serde_json::from_value(episode).expect("episode");
     let state = executor::refold(&ep).expect("refold");
@@ -70,10 +94,21 @@ fn run_json_status_episode_audit_resume() {
     assert_eq!(code, 0);
     assert_eq!(again["status"], json!("completed"));
     let (_, episode2) = env.json(&["episode", &run]);
-    assert_eq!(episode2["events"].as_array().map(Vec::len), Some(events.len()));
+    assert_eq!(
+        episode2["events"].as_array().map(Vec::len),
+        Some(events.len())
+    );
 
-    env.cmd().args(["audit", &run]).assert().success().stdout(predicate::str::contains("Pending/Dispatched"));
-    env.cmd().args(["episode", &run]).assert().success().stdout(predicate::str::contains("run completed"));
+    env.cmd()
+        .args(["audit", &run])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Pending/Dispatched"));
+    env.cmd()
+        .args(["episode", &run])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("run completed"));
 }
 
 #[test]
@@ -156,8 +191,16 @@ fn validate_version_publish_versions_show_diff_schema() {
     assert_eq!(v[0]["version"], v[1]["version"]);
 
     // validate: the valid file passes; an invalid one reports variants with ids.
-    env.cmd().args(["validate", fixture(TEXT_REPORT).to_str().expect("utf8")]).assert().success();
-    let (code, report) = env.json(&["validate", fixture("invalid/duplicate_step_id.yaml").to_str().expect("utf8")]);
+    env.cmd()
+        .args(["validate", fixture(TEXT_REPORT).to_str().expect("utf8")])
+        .assert()
+        .success();
+    let (code, report) = env.json(&[
+        "validate",
+        fixture("invalid/duplicate_step_id.yaml")
+            .to_str()
+            .expect("utf8"),
+    ]);
     assert_eq!(code, 3);
     assert_eq!(report[0]["valid"], json!(false));
     assert!(report[0]["errors"][0]["code"].is_string(), "{report}");
@@ -186,14 +229,19 @@ fn validate_version_publish_versions_show_diff_schema() {
         .args(["versions", "examples.text_reprot"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("did you mean examples.text_report"));
+        .stderr(predicate::str::contains(
+            "did you mean examples.text_report",
+        ));
 
     // show: the canonical bytes, which hash to the version.
     let shown = env.cmd().args(["show", short]).output().expect("show");
     assert!(shown.status.success());
     let canonical = String::from_utf8(shown.stdout).expect("utf8");
     let canonical = canonical.trim_end_matches('\n');
-    assert_eq!(format!("b3:{}", blake3::hash(canonical.as_bytes()).to_hex()), v1_version);
+    assert_eq!(
+        format!("b3:{}", blake3::hash(canonical.as_bytes()).to_hex()),
+        v1_version
+    );
 
     // diff: in words.
     let p2_version = p2["version"].as_str().expect("version").to_owned();
@@ -201,7 +249,9 @@ fn validate_version_publish_versions_show_diff_schema() {
         .args(["diff", short, &p2_version])
         .assert()
         .success()
-        .stdout(predicate::str::contains("`inputs.properties.text.minLength` changed"));
+        .stdout(predicate::str::contains(
+            "`inputs.properties.text.minLength` changed",
+        ));
     env.cmd()
         .args(["diff", short, v1.to_str().expect("utf8")])
         .assert()
@@ -211,7 +261,10 @@ fn validate_version_publish_versions_show_diff_schema() {
     // schema: a JSON Schema for editors.
     let (code, schema) = env.json(&["schema"]);
     assert_eq!(code, 0);
-    assert!(schema.get("$schema").is_some() || schema.get("properties").is_some(), "{schema}");
+    assert!(
+        schema.get("$schema").is_some() || schema.get("properties").is_some(),
+        "{schema}"
+    );
 
     // An ambiguous or malformed version is a usage error.
     env.cmd().args(["show", "b3:zz"]).assert().code(2);
@@ -222,11 +275,29 @@ fn plan_shows_order_fanout_tools_and_eligibility() {
     let env = Env::new();
     let (code, plan) = env.json(&["plan", fixture(TEXT_REPORT).to_str().expect("utf8")]);
     assert_eq!(code, 0, "{plan}");
-    let ids: Vec<&str> = plan["steps"].as_array().expect("steps").iter().filter_map(|s| s["id"].as_str()).collect();
-    assert_eq!(ids, ["scan", "words", "emails", "money", "flag", "pass", "report"]);
+    let ids: Vec<&str> = plan["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        ["scan", "words", "emails", "money", "flag", "pass", "report"]
+    );
     assert_eq!(plan["steps"][0]["runs"], json!(["words", "emails"]));
-    assert!(plan["steps"][1]["tool"]["digest"].as_str().expect("digest").starts_with("b3:"));
-    assert_eq!(plan["eligibility"]["eligible"], json!(true), "{}", plan["eligibility"]);
+    assert!(
+        plan["steps"][1]["tool"]["digest"]
+            .as_str()
+            .expect("digest")
+            .starts_with("b3:")
+    );
+    assert_eq!(
+        plan["eligibility"]["eligible"],
+        json!(true),
+        "{}",
+        plan["eligibility"]
+    );
     env.cmd()
         .args(["plan", fixture(TEXT_REPORT).to_str().expect("utf8")])
         .assert()
@@ -251,17 +322,32 @@ steps:
     let (code, out) = env.json(&["run", wf.to_str().expect("utf8")]);
     assert_eq!(code, 1, "{out}");
     assert_eq!(out["status"], json!("failed"));
-    assert!(out["reason"].as_str().expect("reason").contains("nothing at `/missing`"), "{out}");
+    assert!(
+        out["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("nothing at `/missing`"),
+        "{out}"
+    );
     let run = out["run"].as_str().expect("run").to_owned();
     let (code, again) = env.json(&["retry", &run]);
     assert_eq!(code, 1);
     assert_eq!(again["run"], json!(run));
     let (_, episode) = env.json(&["episode", &run]);
-    let kinds: Vec<&str> = episode["events"].as_array().expect("events").iter().filter_map(|e| e["event"].as_str()).collect();
+    let kinds: Vec<&str> = episode["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
     assert!(kinds.contains(&"run_retried"), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| **k == "run_failed").count(), 2);
     // A retry from a step that does not exist says which ones do.
-    env.cmd().args(["retry", &run, "--from", "nope"]).assert().code(2).stderr(predicate::str::contains("pick"));
+    env.cmd()
+        .args(["retry", &run, "--from", "nope"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("pick"));
     // Reconcile needs a blocked run.
     env.cmd()
         .args(["reconcile", &run, "pick", "--failed", "no"])
@@ -287,7 +373,12 @@ steps:
       executor: human
 "#,
     );
-    let (code, out) = env.json(&["run", wf.to_str().expect("utf8"), "--input", r#"{"amount": 40}"#]);
+    let (code, out) = env.json(&[
+        "run",
+        wf.to_str().expect("utf8"),
+        "--input",
+        r#"{"amount": 40}"#,
+    ]);
     assert_eq!(code, 4, "{out}");
     assert_eq!(out["status"], json!("waiting_judgment"));
     let run = out["run"].as_str().expect("run").to_owned();
@@ -302,31 +393,64 @@ steps:
     // Wrong schema: refused, still waiting.
     let bad = env.write("bad.json", &json!({"request_hash": hash, "result": {"ok": "yes"}, "executor": "human", "provenance": {"judge": "ana"}}).to_string());
     env.cmd()
-        .args(["judgment", "submit", &id, "--file", bad.to_str().expect("utf8")])
+        .args([
+            "judgment",
+            "submit",
+            &id,
+            "--file",
+            bad.to_str().expect("utf8"),
+        ])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("result schema"));
     // Wrong executor: refused.
     let other = env.write("other.json", &json!({"request_hash": hash, "result": {"ok": true}, "executor": "robot", "provenance": {"judge": "ana"}}).to_string());
     env.cmd()
-        .args(["judgment", "submit", &id, "--file", other.to_str().expect("utf8")])
+        .args([
+            "judgment",
+            "submit",
+            &id,
+            "--file",
+            other.to_str().expect("utf8"),
+        ])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("executor"));
     // No provenance: refused.
     let anon = env.write("anon.json", &json!({"request_hash": hash, "result": {"ok": true}, "executor": "human", "provenance": {}}).to_string());
-    env.cmd().args(["judgment", "submit", &id, "--file", anon.to_str().expect("utf8")]).assert().code(2);
+    env.cmd()
+        .args([
+            "judgment",
+            "submit",
+            &id,
+            "--file",
+            anon.to_str().expect("utf8"),
+        ])
+        .assert()
+        .code(2);
     let (_, status) = env.json(&["status", &run]);
     assert_eq!(status["run"]["status"], json!("waiting_judgment"));
 
     // The right answer resumes the run to completion.
     let good = env.write("good.json", &json!({"request_hash": hash, "result": {"ok": true}, "executor": "human", "provenance": {"judge": "ana"}}).to_string());
-    let (code, done) = env.json(&["judgment", "submit", &id, "--file", good.to_str().expect("utf8")]);
+    let (code, done) = env.json(&[
+        "judgment",
+        "submit",
+        &id,
+        "--file",
+        good.to_str().expect("utf8"),
+    ]);
     assert_eq!(code, 0, "{done}");
     assert_eq!(done["output"], json!({"ok": true}));
     // Answered once.
     env.cmd()
-        .args(["judgment", "submit", &id, "--file", good.to_str().expect("utf8")])
+        .args([
+            "judgment",
+            "submit",
+            &id,
+            "--file",
+            good.to_str().expect("utf8"),
+        ])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("already answered"));
@@ -352,7 +476,11 @@ steps:
     let (code, rec) = env.json(&["cancel", &run]);
     assert_eq!(code, 0);
     assert_eq!(rec["status"], json!("cancelled"));
-    env.cmd().args(["cancel", &run]).assert().code(2).stderr(predicate::str::contains("already ended"));
+    env.cmd()
+        .args(["cancel", &run])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("already ended"));
 }
 
 #[test]
@@ -360,8 +488,22 @@ fn plugin_list_inspect_add_call() {
     let env = Env::new();
     let (code, list) = env.json(&["plugin", "list"]);
     assert_eq!(code, 0);
-    let names: Vec<&str> = list.as_array().expect("list").iter().filter_map(|p| p["name"].as_str()).collect();
-    for n in ["json", "text", "fs-read", "ledger", "ledger-idempotent", "http-get", "json-schema", "matches"] {
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for n in [
+        "json",
+        "text",
+        "fs-read",
+        "ledger",
+        "ledger-idempotent",
+        "http-get",
+        "json-schema",
+        "matches",
+    ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
 
@@ -369,7 +511,16 @@ fn plugin_list_inspect_add_call() {
     let (code, inspected) = env.json(&["plugin", "inspect", plugin_artifacts::FS_READ]);
     assert_eq!(code, 0);
     assert_eq!(inspected["info"]["name"], json!("fs-read"));
-    assert!(inspected["imports"].as_array().expect("imports").iter().any(|i| i["name"].as_str().unwrap_or("").starts_with("wasi:filesystem")));
+    assert!(
+        inspected["imports"]
+            .as_array()
+            .expect("imports")
+            .iter()
+            .any(|i| i["name"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("wasi:filesystem"))
+    );
     // A component importing sockets is reported with its problem.
     env.cmd()
         .args(["plugin", "inspect", plugin_artifacts::ADV_SOCKETS])
@@ -378,18 +529,34 @@ fn plugin_list_inspect_add_call() {
         .stdout(predicate::str::contains("problem"));
     // Not a component at all.
     let junk = env.write("junk.wasm", "not wasm");
-    env.cmd().args(["plugin", "inspect", junk.to_str().expect("utf8")]).assert().code(5);
-    env.cmd().args(["plugin", "inspect", "missing.wasm"]).assert().code(2);
+    env.cmd()
+        .args(["plugin", "inspect", junk.to_str().expect("utf8")])
+        .assert()
+        .code(5);
+    env.cmd()
+        .args(["plugin", "inspect", "missing.wasm"])
+        .assert()
+        .code(2);
 
     // add: copied under its digest, then registered on the next start.
     let (code, added) = env.json(&["plugin", "add", plugin_artifacts::ADV_PANIC]);
     assert_eq!(code, 0, "{added}");
     assert!(std::path::Path::new(added["path"].as_str().expect("path")).exists());
     let (_, list) = env.json(&["plugin", "list"]);
-    assert!(list.as_array().expect("list").iter().any(|p| p["name"] == json!("adv-panic")));
+    assert!(
+        list.as_array()
+            .expect("list")
+            .iter()
+            .any(|p| p["name"] == json!("adv-panic"))
+    );
 
     // call: through the host, with its record.
-    let (code, called) = env.json(&["plugin", "call", "text", r#"{"op": "count", "pattern": "o", "text": "foo"}"#]);
+    let (code, called) = env.json(&[
+        "plugin",
+        "call",
+        "text",
+        r#"{"op": "count", "pattern": "o", "text": "foo"}"#,
+    ]);
     assert_eq!(code, 0, "{called}");
     assert_eq!(called["output"], json!({"count": 2}));
     assert_eq!(called["record"]["tool"]["name"], json!("text"));
@@ -403,13 +570,21 @@ fn plugin_list_inspect_add_call() {
 #[test]
 fn completions_and_help() {
     let env = Env::new();
-    env.cmd().args(["completions", "bash"]).assert().success().stdout(predicate::str::contains("poimen"));
+    env.cmd()
+        .args(["completions", "bash"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("poimen"));
     env.cmd()
         .arg("--help")
         .assert()
         .success()
         .stdout(predicate::str::contains("Exit codes"))
         .stdout(predicate::str::contains("reconcile"));
-    env.cmd().args(["run", "--help"]).assert().success().stdout(predicate::str::contains("Example"));
+    env.cmd()
+        .args(["run", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Example"));
     env.cmd().arg("frobnicate").assert().code(2);
 }

@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::support::Env;
 
@@ -58,7 +58,14 @@ fn setup(env: &Env, workflow: &str) -> std::path::PathBuf {
 fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
     let mut child = env
         .std_cmd()
-        .args(["--policy", "policy.toml", "run", wf.to_str().expect("utf8"), "--input", input])
+        .args([
+            "--policy",
+            "policy.toml",
+            "run",
+            wf.to_str().expect("utf8"),
+            "--input",
+            input,
+        ])
         .env("POIMEN_CRASH_AT", point)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -80,7 +87,10 @@ fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
     });
     let mut run = None;
     let mut seen = Vec::new();
-    let marker = format!("crash point `{}` reached", point.split(':').next().unwrap_or(point));
+    let marker = format!(
+        "crash point `{}` reached",
+        point.split(':').next().unwrap_or(point)
+    );
     loop {
         match rx.recv_timeout(Duration::from_secs(240)) {
             Ok(line) => {
@@ -94,7 +104,10 @@ fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
             }
             Err(_) => {
                 let _ = child.kill();
-                panic!("poimen never reached `{point}`; it printed:\n{}", seen.join("\n"));
+                panic!(
+                    "poimen never reached `{point}`; it printed:\n{}",
+                    seen.join("\n")
+                );
             }
         }
     }
@@ -102,7 +115,12 @@ fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
     child.kill().expect("kill");
     let status = child.wait().expect("wait");
     assert!(!status.success(), "the process was killed");
-    run.unwrap_or_else(|| panic!("no run id was printed before `{point}`: {}", seen.join("\n")))
+    run.unwrap_or_else(|| {
+        panic!(
+            "no run id was printed before `{point}`: {}",
+            seen.join("\n")
+        )
+    })
 }
 
 fn recover(env: &Env) -> Value {
@@ -148,7 +166,13 @@ fn tool_of(class: Class) -> &'static str {
 }
 
 /// The effect step's tool call is the second of the run: `point:2`.
-const POINTS: &[&str] = &["before_pending", "after_pending", "after_dispatched", "before_committed", "after_committed"];
+const POINTS: &[&str] = &[
+    "before_pending",
+    "after_pending",
+    "after_dispatched",
+    "before_committed",
+    "after_committed",
+];
 
 fn one_case(class: Class, point: &str) {
     let env = Env::new();
@@ -166,7 +190,13 @@ fn one_case(class: Class, point: &str) {
     if blocked_expected {
         // The outcome is unknown: never replayed automatically.
         assert_eq!(run_status, "blocked", "{class:?} at {point}: {st}");
-        assert!(st["run"]["reason"].as_str().unwrap_or("").contains("outcome_unknown"), "{st}");
+        assert!(
+            st["run"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("outcome_unknown"),
+            "{st}"
+        );
         // Recovering again changes nothing.
         recover(&env);
         assert_eq!(status(&env, &run)["run"]["status"], json!("blocked"));
@@ -174,7 +204,15 @@ fn one_case(class: Class, point: &str) {
         if point == "after_dispatched" {
             // The guest was never called: the operator says so, the retry runs it once.
             assert_eq!(lines, 0);
-            let (code, out) = env.json(&["--policy", "policy.toml", "reconcile", &run, "effect", "--failed", "the ledger has no entry"]);
+            let (code, out) = env.json(&[
+                "--policy",
+                "policy.toml",
+                "reconcile",
+                &run,
+                "effect",
+                "--failed",
+                "the ledger has no entry",
+            ]);
             assert_eq!(code, 0, "{out}");
             assert_eq!(out["status"], json!("completed"), "{out}");
         } else {
@@ -196,11 +234,20 @@ fn one_case(class: Class, point: &str) {
         assert_eq!(run_status, "completed", "{class:?} at {point}: {st}");
     }
     let expected_lines = if class == Class::Pure { 0 } else { 1 };
-    assert_eq!(ledger_lines(&env, "ledger.jsonl"), expected_lines, "{class:?} at {point}: each effect exactly once");
+    assert_eq!(
+        ledger_lines(&env, "ledger.jsonl"),
+        expected_lines,
+        "{class:?} at {point}: each effect exactly once"
+    );
     check_consistent(&env, &run);
     // Nothing committed before the crash was lost: `before` ran exactly once.
     let (_, audit) = env.json(&["audit", &run]);
-    let before_calls = audit["tool_calls"].as_array().expect("calls").iter().filter(|c| c["step"] == json!("before")).count();
+    let before_calls = audit["tool_calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .filter(|c| c["step"] == json!("before"))
+        .count();
     assert_eq!(before_calls, 1, "{audit}");
 }
 
@@ -266,7 +313,12 @@ steps:
     );
     std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
     env.write("policy.toml", POLICY);
-    let (code, out) = env.json(&["--policy", "policy.toml", "publish", child.to_str().expect("utf8")]);
+    let (code, out) = env.json(&[
+        "--policy",
+        "policy.toml",
+        "publish",
+        child.to_str().expect("utf8"),
+    ]);
     assert_eq!(code, 0, "{out}");
     let wf = env.write(
         "parent.yaml",
@@ -305,14 +357,25 @@ transitions:
     );
     let run = run_and_kill(&env, &wf, "waiting_judgment:1", "{}");
     recover(&env);
-    assert_eq!(status(&env, &run)["run"]["status"], json!("waiting_judgment"));
+    assert_eq!(
+        status(&env, &run)["run"]["status"],
+        json!("waiting_judgment")
+    );
     let (_, list) = env.json(&["judgment", "list"]);
     let id = list[0]["id"].as_str().expect("id").to_owned();
     let answer = env.write(
         "answer.json",
         &json!({"request_hash": list[0]["request_hash"], "result": true, "provenance": {"judge": "ops"}}).to_string(),
     );
-    let (code, out) = env.json(&["--policy", "policy.toml", "judgment", "submit", &id, "--file", answer.to_str().expect("utf8")]);
+    let (code, out) = env.json(&[
+        "--policy",
+        "policy.toml",
+        "judgment",
+        "submit",
+        &id,
+        "--file",
+        answer.to_str().expect("utf8"),
+    ]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out["status"], json!("completed"));
     assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);

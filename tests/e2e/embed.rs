@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::support::fixture;
 
@@ -13,7 +13,9 @@ fn example_path() -> std::path::PathBuf {
     // target/<profile>/deps/e2e-… → target/<profile>/examples/embed
     let exe = std::env::current_exe().expect("test exe");
     let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    profile_dir.join("examples").join(format!("embed{}", std::env::consts::EXE_SUFFIX))
+    profile_dir
+        .join("examples")
+        .join(format!("embed{}", std::env::consts::EXE_SUFFIX))
 }
 
 struct Child(std::process::Child);
@@ -29,7 +31,11 @@ impl Drop for Child {
 async fn embedding_example_serves_runs_over_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = example_path();
-    assert!(path.exists(), "{} was not built (cargo test builds examples)", path.display());
+    assert!(
+        path.exists(),
+        "{} was not built (cargo test builds examples)",
+        path.display()
+    );
     let mut child = Child(
         Command::new(&path)
             .args(["--listen", "127.0.0.1:0", "--store"])
@@ -39,8 +45,15 @@ async fn embedding_example_serves_runs_over_http() {
             .expect("start the example"),
     );
     let stdout = child.0.stdout.take().expect("stdout");
-    let line = BufReader::new(stdout).lines().next().expect("a line").expect("read");
-    let base = line.strip_prefix("listening on ").expect("the address").to_owned();
+    let line = BufReader::new(stdout)
+        .lines()
+        .next()
+        .expect("a line")
+        .expect("read");
+    let base = line
+        .strip_prefix("listening on ")
+        .expect("the address")
+        .to_owned();
 
     let http = reqwest::Client::new();
     let started: Value = http
@@ -52,10 +65,20 @@ async fn embedding_example_serves_runs_over_http() {
         .json()
         .await
         .expect("json");
-    let run = started["run"].as_str().unwrap_or_else(|| panic!("{started}")).to_owned();
+    let run = started["run"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{started}"))
+        .to_owned();
     let mut last = Value::Null;
     for _ in 0..600 {
-        last = http.get(format!("{base}/runs/{run}")).send().await.expect("GET").json().await.expect("json");
+        last = http
+            .get(format!("{base}/runs/{run}"))
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("json");
         if last["status"] != json!("running") && last["status"] != json!("queued") {
             break;
         }
@@ -72,6 +95,10 @@ async fn embedding_example_serves_runs_over_http() {
         .await
         .expect("POST");
     assert_eq!(bad.status(), 400);
-    let missing = http.get(format!("{base}/runs/WFR-01JD0000000000000000000000")).send().await.expect("GET");
+    let missing = http
+        .get(format!("{base}/runs/WFR-01JD0000000000000000000000"))
+        .send()
+        .await
+        .expect("GET");
     assert_eq!(missing.status(), 404);
 }

@@ -2,12 +2,12 @@
 //! `poimen mcp` process over stdio — initialize, list tools, call tools,
 //! and the error cases.
 
+use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::transport::TokioChildProcess;
-use rmcp::ServiceExt;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
-use crate::support::{bin, fixture, Env};
+use crate::support::{Env, bin, fixture};
 
 fn args(v: Value) -> Map<String, Value> {
     match v {
@@ -41,7 +41,10 @@ steps:
       args: {op: replace, pattern: "[aeiou]", replacement: "*", text: "{{ inputs.text }}"}
 "#,
     );
-    env.cmd().args(["publish", wf.to_str().expect("utf8")]).assert().success();
+    env.cmd()
+        .args(["publish", wf.to_str().expect("utf8")])
+        .assert()
+        .success();
 
     let mut cmd = tokio::process::Command::new(bin());
     cmd.arg("mcp")
@@ -50,9 +53,15 @@ steps:
         .env_remove("POIMEN_POLICY")
         .env_remove("POIMEN_CRASH_AT")
         .env("POIMEN_CACHE_DIR", crate::support::shared_cache());
-    let client = ().serve(TokioChildProcess::new(cmd).expect("spawn poimen mcp")).await.expect("initialize");
+    let client =
+        ().serve(TokioChildProcess::new(cmd).expect("spawn poimen mcp"))
+            .await
+            .expect("initialize");
     let info = client.peer_info().expect("server info");
-    assert_eq!(info.server_info.as_ref().map(|s| s.name.as_str()), Some("poimen"));
+    assert_eq!(
+        info.server_info.as_ref().map(|s| s.name.as_str()),
+        Some("poimen")
+    );
 
     // tools/list: the fixed tools and the workflow tool with its schemas.
     let tools = client.list_all_tools().await.expect("list tools");
@@ -77,7 +86,9 @@ steps:
 
     // A workflow tool runs the workflow.
     let r = client
-        .call_tool(CallToolRequestParams::new("shout").with_arguments(args(json!({"text": "poimen"}))))
+        .call_tool(
+            CallToolRequestParams::new("shout").with_arguments(args(json!({"text": "poimen"}))),
+        )
         .await
         .expect("call shout");
     assert_eq!(r.is_error, Some(false), "{r:?}");
@@ -88,49 +99,99 @@ steps:
 
     // workflow_run on a file, then status and audit of that run.
     let r = client
-        .call_tool(CallToolRequestParams::new("workflow_run").with_arguments(args(json!({
-            "target": fixture("examples/text-report.yaml"),
-            "input": {"text": "hello there"}
-        }))))
+        .call_tool(
+            CallToolRequestParams::new("workflow_run").with_arguments(args(json!({
+                "target": fixture("examples/text-report.yaml"),
+                "input": {"text": "hello there"}
+            }))),
+        )
         .await
         .expect("call workflow_run");
     let out = structured(&r);
     assert_eq!(out["status"], json!("completed"), "{r:?}");
     assert_eq!(out["output"]["flagged"], json!(false));
     let r = client
-        .call_tool(CallToolRequestParams::new("workflow_status").with_arguments(args(json!({"run": run}))))
+        .call_tool(
+            CallToolRequestParams::new("workflow_status").with_arguments(args(json!({"run": run}))),
+        )
         .await
         .expect("status");
     assert_eq!(structured(&r)["run"]["status"], json!("completed"));
     let r = client
-        .call_tool(CallToolRequestParams::new("workflow_audit").with_arguments(args(json!({"run": run}))))
+        .call_tool(
+            CallToolRequestParams::new("workflow_audit").with_arguments(args(json!({"run": run}))),
+        )
         .await
         .expect("audit");
     assert_eq!(structured(&r)["incomplete"], json!([]));
 
     // workflow_list, workflow_actions, workflow_plan.
-    let r = client.call_tool(CallToolRequestParams::new("workflow_list")).await.expect("list");
-    assert!(structured(&r)["workflows"].as_array().expect("workflows").iter().any(|w| w["workflow_id"] == json!("t.shout")));
-    let r = client.call_tool(CallToolRequestParams::new("workflow_actions")).await.expect("actions");
-    let actions = structured(&r);
-    assert!(actions["tools"].as_array().expect("tools").iter().any(|t| t["name"] == json!("ledger") && t["effect"] == json!("non-idempotent")));
-    assert!(actions["verifiers"].as_array().expect("verifiers").iter().any(|t| t["name"] == json!("json-schema")));
     let r = client
-        .call_tool(CallToolRequestParams::new("workflow_plan").with_arguments(args(json!({"target": "t.shout"}))))
+        .call_tool(CallToolRequestParams::new("workflow_list"))
+        .await
+        .expect("list");
+    assert!(
+        structured(&r)["workflows"]
+            .as_array()
+            .expect("workflows")
+            .iter()
+            .any(|w| w["workflow_id"] == json!("t.shout"))
+    );
+    let r = client
+        .call_tool(CallToolRequestParams::new("workflow_actions"))
+        .await
+        .expect("actions");
+    let actions = structured(&r);
+    assert!(
+        actions["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .any(|t| t["name"] == json!("ledger") && t["effect"] == json!("non-idempotent"))
+    );
+    assert!(
+        actions["verifiers"]
+            .as_array()
+            .expect("verifiers")
+            .iter()
+            .any(|t| t["name"] == json!("json-schema"))
+    );
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("workflow_plan")
+                .with_arguments(args(json!({"target": "t.shout"}))),
+        )
         .await
         .expect("plan of a non-target");
-    assert_eq!(r.is_error, Some(true), "an unknown target is a tool-level error: {r:?}");
+    assert_eq!(
+        r.is_error,
+        Some(true),
+        "an unknown target is a tool-level error: {r:?}"
+    );
 
     // Error cases: a bad run id is a tool-level error the agent can read;
     // an unknown tool and a missing argument are protocol errors.
     let r = client
-        .call_tool(CallToolRequestParams::new("workflow_status").with_arguments(args(json!({"run": "WFR-nope"}))))
+        .call_tool(
+            CallToolRequestParams::new("workflow_status")
+                .with_arguments(args(json!({"run": "WFR-nope"}))),
+        )
         .await
         .expect("status of a bad id");
     assert_eq!(r.is_error, Some(true));
     assert!(format!("{:?}", r.content).contains("WFR-nope"));
-    assert!(client.call_tool(CallToolRequestParams::new("no_such_tool")).await.is_err());
-    assert!(client.call_tool(CallToolRequestParams::new("workflow_status")).await.is_err());
+    assert!(
+        client
+            .call_tool(CallToolRequestParams::new("no_such_tool"))
+            .await
+            .is_err()
+    );
+    assert!(
+        client
+            .call_tool(CallToolRequestParams::new("workflow_status"))
+            .await
+            .is_err()
+    );
 
     client.cancel().await.expect("close");
 }

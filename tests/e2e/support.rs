@@ -37,7 +37,9 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
-        Env { dir: tempfile::tempdir().expect("tempdir") }
+        Env {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -81,7 +83,12 @@ impl Env {
 
     /// Runs `poimen --json ARGS…` and parses its stdout; returns (exit code, JSON).
     pub fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.cmd().arg("--json").args(args).output().expect("run poimen");
+        let out = self
+            .cmd()
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run poimen");
         let code = out.status.code().unwrap_or(-1);
         let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(

@@ -28,8 +28,8 @@ pub fn crash_point(_name: &str) {}
 #[cfg(feature = "crash-points")]
 pub fn crash_point(name: &str) {
     use std::io::Write;
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     static ARMED: OnceLock<Option<(String, u32)>> = OnceLock::new();
     static HITS: AtomicU32 = AtomicU32::new(0);

@@ -79,7 +79,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
-        Failure { class, message: message.into() }
+        Failure {
+            class,
+            message: message.into(),
+        }
     }
 }
 

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use store::{
-    CreateRun, Durability, IntentPhase, IntentRecord, JudgmentStatus, JudgmentWrite, NewRun,
-    RunId, RunRecord, RunStatus, Store, StoreError,
+    CreateRun, Durability, IntentPhase, IntentRecord, JudgmentStatus, JudgmentWrite, NewRun, RunId,
+    RunRecord, RunStatus, Store, StoreError,
 };
 use workflow::{StepId, StepKind, WorkflowVersion};
 
@@ -22,9 +22,9 @@ use crate::effects::{Clock, Failure, FailureClass, ModelProvider, ToolHost};
 use crate::episode::{CallOutcome, Episode, EpisodeEvent, ParentLink, PinnedTool, Reconciliation};
 use crate::hash::{canonical_json, hash_json};
 use crate::plan::Armed;
-use crate::run::{check_schema, RunCtx, RunOutcome};
+use crate::run::{RunCtx, RunOutcome, check_schema};
 use crate::scope::{RunScope, TenantId};
-use crate::state::{refold, RunState};
+use crate::state::{RunState, refold};
 
 /// Deepest chain of sub-workflow runs the kernel executes. The validator
 /// rejects deeper graphs at load; this is the interpreter's own guard.
@@ -50,20 +50,41 @@ pub enum ExecError {
     #[error("sub-workflow nesting is deeper than the kernel's bound of {max}")]
     TooDeep { max: u32 },
     #[error("run {run} is {status:?}; {what}")]
-    WrongStatus { run: String, status: RunStatus, what: String },
+    WrongStatus {
+        run: String,
+        status: RunStatus,
+        what: String,
+    },
     #[error("step `{step}` of run {run}: {what}")]
-    WrongStep { run: String, step: String, what: String },
+    WrongStep {
+        run: String,
+        step: String,
+        what: String,
+    },
     #[error("judgment {0} does not exist; `poimen judgment list` shows the open ones")]
     UnknownJudgment(String),
     #[error("judgment {id} was already answered; the answer stands and the run has moved on")]
     JudgmentClosed { id: String },
-    #[error("judgment {id}: the submitted request hash {got} is not the request's {expected}; fetch the request again with `poimen judgment show {id}`")]
-    RequestHashMismatch { id: String, expected: String, got: String },
+    #[error(
+        "judgment {id}: the submitted request hash {got} is not the request's {expected}; fetch the request again with `poimen judgment show {id}`"
+    )]
+    RequestHashMismatch {
+        id: String,
+        expected: String,
+        got: String,
+    },
     #[error("judgment {id}: the result does not match the request's result schema: {problems}")]
     ResultSchema { id: String, problems: String },
     #[error("judgment {id}: the request expects {field} `{expected}`, the submission says `{got}`")]
-    ExecutorMismatch { id: String, field: &'static str, expected: String, got: String },
-    #[error("judgment {id}: the submission's provenance must name the judge (`provenance.judge`) — {detail}")]
+    ExecutorMismatch {
+        id: String,
+        field: &'static str,
+        expected: String,
+        got: String,
+    },
+    #[error(
+        "judgment {id}: the submission's provenance must name the judge (`provenance.judge`) — {detail}"
+    )]
     Provenance { id: String, detail: String },
     #[error("the store failed: {0}")]
     Store(#[from] StoreError),
@@ -111,7 +132,9 @@ pub struct ExecutorConfig {
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        ExecutorConfig { host_id: "local".to_owned() }
+        ExecutorConfig {
+            host_id: "local".to_owned(),
+        }
     }
 }
 
@@ -134,7 +157,9 @@ pub struct Executor {
 
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Executor").field("host", &self.inner.config.host_id).finish()
+        f.debug_struct("Executor")
+            .field("host", &self.inner.config.host_id)
+            .finish()
     }
 }
 
@@ -169,15 +194,27 @@ impl Executor {
     }
 
     /// Starts a run and drives it until it ends or must wait.
-    pub async fn run(&self, armed: Arc<Armed>, input: Value, opts: StartOptions) -> Result<RunOutcome, ExecError> {
+    pub async fn run(
+        &self,
+        armed: Arc<Armed>,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<RunOutcome, ExecError> {
         let started = self.start(armed, input, opts).await?;
         self.resume(&started.run).await
     }
 
     /// Creates a run (without driving it). With an idempotency key that
     /// already names a run of the same version and input, returns that run.
-    pub async fn start(&self, armed: Arc<Armed>, input: Value, opts: StartOptions) -> Result<Started, ExecError> {
-        self.inner.create(armed, input, None, opts.idempotency_key).await
+    pub async fn start(
+        &self,
+        armed: Arc<Armed>,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<Started, ExecError> {
+        self.inner
+            .create(armed, input, None, opts.idempotency_key)
+            .await
     }
 
     /// Finds which store holds a run.
@@ -199,7 +236,10 @@ impl Executor {
     /// A run's state, refolded from its episode.
     pub async fn state(&self, run: &RunId) -> Result<RunState, ExecError> {
         let episode = self.episode(run).await?;
-        refold(&episode).map_err(|e| ExecError::Episode { run: run.to_string(), detail: e.to_string() })
+        refold(&episode).map_err(|e| ExecError::Episode {
+            run: run.to_string(),
+            detail: e.to_string(),
+        })
     }
 
     /// A run's intent records.
@@ -220,7 +260,13 @@ impl Executor {
         // A child run: report its own state.
         let (_, rec) = self.locate(run).await?;
         let state = self.state(run).await?;
-        Ok(RunOutcome { run: run.clone(), status: rec.status, output: state.output.clone(), reason: rec.reason, state })
+        Ok(RunOutcome {
+            run: run.clone(),
+            status: rec.status,
+            output: state.output.clone(),
+            reason: rec.reason,
+            state,
+        })
     }
 
     /// Cancels a run: in-flight guests are interrupted, branches stopped,
@@ -258,7 +304,8 @@ impl Executor {
             return Err(ExecError::WrongStatus {
                 run: run.to_string(),
                 status: rec.status,
-                what: "only a finished run can be retried; `poimen resume` continues a stopped one".into(),
+                what: "only a finished run can be retried; `poimen resume` continues a stopped one"
+                    .into(),
             });
         }
         let state = self.state(run).await?;
@@ -266,10 +313,15 @@ impl Executor {
             run: run.to_string(),
             detail: "no run_started event".into(),
         })?;
-        let armed = self.inner.armory.arm(&version).await.map_err(|cause| ExecError::Unavailable {
-            workflow: rec.workflow_id.to_string(),
-            cause,
-        })?;
+        let armed =
+            self.inner
+                .armory
+                .arm(&version)
+                .await
+                .map_err(|cause| ExecError::Unavailable {
+                    workflow: rec.workflow_id.to_string(),
+                    cause,
+                })?;
         let topo = &armed.shape.topo;
         let from = match from {
             Some(f) => {
@@ -279,7 +331,10 @@ impl Executor {
                         step: f.to_string(),
                         what: format!(
                             "it is not a top-level step of the workflow; top-level steps: {}",
-                            topo.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                            topo.iter()
+                                .map(|s| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     });
                 }
@@ -287,12 +342,16 @@ impl Executor {
             }
             None => topo
                 .iter()
-                .find(|s| state.steps.get(*s).map(|x| x.status) != Some(crate::episode::StepStatus::Completed))
+                .find(|s| {
+                    state.steps.get(*s).map(|x| x.status)
+                        != Some(crate::episode::StepStatus::Completed)
+                })
                 .cloned()
                 .ok_or_else(|| ExecError::WrongStatus {
                     run: run.to_string(),
                     status: rec.status,
-                    what: "every step completed; name a step with --from to run again from it".into(),
+                    what: "every step completed; name a step with --from to run again from it"
+                        .into(),
                 })?,
         };
         let start = topo.iter().position(|s| *s == from).unwrap_or(0);
@@ -323,7 +382,12 @@ impl Executor {
     }
 
     /// Records an operator's decision on a blocked tool call and resumes.
-    pub async fn reconcile(&self, run: &RunId, step: &StepId, decision: Reconciliation) -> Result<RunOutcome, ExecError> {
+    pub async fn reconcile(
+        &self,
+        run: &RunId,
+        step: &StepId,
+        decision: Reconciliation,
+    ) -> Result<RunOutcome, ExecError> {
         let (store, rec) = self.locate(run).await?;
         if rec.status != RunStatus::Blocked {
             return Err(ExecError::WrongStatus {
@@ -339,11 +403,10 @@ impl Executor {
         for i in intents.iter().filter(|i| &i.step == step) {
             open.entry((i.iteration, i.attempt)).or_default().push(i);
         }
-        let Some(((iteration, attempt), phases)) = open
-            .into_iter()
-            .rev()
-            .find(|(_, ps)| ps.last().is_some_and(|p| p.phase == IntentPhase::Dispatched))
-        else {
+        let Some(((iteration, attempt), phases)) = open.into_iter().rev().find(|(_, ps)| {
+            ps.last()
+                .is_some_and(|p| p.phase == IntentPhase::Dispatched)
+        }) else {
             let blocked: Vec<String> = state
                 .steps
                 .iter()
@@ -355,29 +418,55 @@ impl Executor {
                 step: step.to_string(),
                 what: format!(
                     "it has no dispatched tool call with an unknown outcome; steps in flight: {}",
-                    if blocked.is_empty() { "none".to_owned() } else { blocked.join(", ") }
+                    if blocked.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        blocked.join(", ")
+                    }
                 ),
             });
         };
-        let last = phases.last().copied().cloned().ok_or_else(|| ExecError::Episode {
-            run: run.to_string(),
-            detail: "empty intent list".into(),
-        })?;
+        let last = phases
+            .last()
+            .copied()
+            .cloned()
+            .ok_or_else(|| ExecError::Episode {
+                run: run.to_string(),
+                detail: "empty intent list".into(),
+            })?;
         let version = state.version.ok_or_else(|| ExecError::Episode {
             run: run.to_string(),
             detail: "no run_started event".into(),
         })?;
-        let armed = self.inner.armory.arm(&version).await.map_err(|cause| ExecError::Unavailable {
-            workflow: rec.workflow_id.to_string(),
-            cause,
-        })?;
+        let armed =
+            self.inner
+                .armory
+                .arm(&version)
+                .await
+                .map_err(|cause| ExecError::Unavailable {
+                    workflow: rec.workflow_id.to_string(),
+                    cause,
+                })?;
         let (outcome, phase, output_hash, error) = match &decision {
             Reconciliation::Committed { output } => {
                 let h = hash_json(output);
-                (CallOutcome::Ok { output: output.clone(), output_hash: h.clone() }, IntentPhase::Committed, Some(h), None)
+                (
+                    CallOutcome::Ok {
+                        output: output.clone(),
+                        output_hash: h.clone(),
+                    },
+                    IntentPhase::Committed,
+                    Some(h),
+                    None,
+                )
             }
             Reconciliation::Failed { reason } => (
-                CallOutcome::Err { failure: Failure::new(FailureClass::Failed, format!("reconciled as failed: {reason}")) },
+                CallOutcome::Err {
+                    failure: Failure::new(
+                        FailureClass::Failed,
+                        format!("reconciled as failed: {reason}"),
+                    ),
+                },
                 IntentPhase::Failed,
                 None,
                 Some(reason.clone()),
@@ -390,7 +479,14 @@ impl Executor {
             version: last.tool_version.clone(),
             digest: last.digest.clone(),
         };
-        let final_intent = IntentRecord { phase, output_hash, error, record: Some(record.clone()), at: now, ..last.clone() };
+        let final_intent = IntentRecord {
+            phase,
+            output_hash,
+            error,
+            record: Some(record.clone()),
+            at: now,
+            ..last.clone()
+        };
         let ctx = RunCtx::new(
             self.inner.clone(),
             store.clone(),
@@ -403,7 +499,12 @@ impl Executor {
         );
         ctx.record(
             vec![
-                EpisodeEvent::Reconciled { step: step.clone(), iteration, attempt, decision: decision.clone() },
+                EpisodeEvent::Reconciled {
+                    step: step.clone(),
+                    iteration,
+                    attempt,
+                    decision: decision.clone(),
+                },
                 EpisodeEvent::ToolCalled {
                     step: step.clone(),
                     iteration,
@@ -418,7 +519,9 @@ impl Executor {
                     outcome,
                     reconciled: true,
                 },
-                EpisodeEvent::RunResumed { reason: "reconciled by an operator".into() },
+                EpisodeEvent::RunResumed {
+                    reason: "reconciled by an operator".into(),
+                },
             ],
             vec![final_intent],
             Some((RunStatus::Running, None, None)),
@@ -426,13 +529,19 @@ impl Executor {
         )
         .await
         .map_err(|h| halt_error(run, h))?;
-        self.inner.unblock_ancestors(run, RunStatus::Blocked, "a child run was reconciled").await?;
+        self.inner
+            .unblock_ancestors(run, RunStatus::Blocked, "a child run was reconciled")
+            .await?;
         self.resume(run).await
     }
 
     /// Validates a judge's answer and, when it holds, records it and resumes
     /// the run. Any mismatch is a specific error and the run stays waiting.
-    pub async fn submit_judgment(&self, id: &str, submission: JudgmentSubmission) -> Result<RunOutcome, ExecError> {
+    pub async fn submit_judgment(
+        &self,
+        id: &str,
+        submission: JudgmentSubmission,
+    ) -> Result<RunOutcome, ExecError> {
         let judgment = self
             .inner
             .find_judgment(id)
@@ -449,12 +558,26 @@ impl Executor {
                 got: submission.request_hash.clone(),
             });
         }
-        let schema = record.request.get("result_schema").cloned().unwrap_or(Value::Bool(true));
-        check_schema(&schema, &submission.result)
-            .map_err(|problems| ExecError::ResultSchema { id: id.to_owned(), problems })?;
+        let schema = record
+            .request
+            .get("result_schema")
+            .cloned()
+            .unwrap_or(Value::Bool(true));
+        check_schema(&schema, &submission.result).map_err(|problems| ExecError::ResultSchema {
+            id: id.to_owned(),
+            problems,
+        })?;
         for (field, expected, got) in [
-            ("executor", record.request.get("executor"), &submission.executor),
-            ("profile", record.request.get("profile"), &submission.profile),
+            (
+                "executor",
+                record.request.get("executor"),
+                &submission.executor,
+            ),
+            (
+                "profile",
+                record.request.get("profile"),
+                &submission.profile,
+            ),
         ] {
             if let Some(Value::String(expected)) = expected {
                 if got.as_deref() != Some(expected.as_str()) {
@@ -482,10 +605,19 @@ impl Executor {
             run: run.to_string(),
             detail: "no run_started event".into(),
         })?;
-        let armed = self.inner.armory.arm(&version).await.map_err(|cause| ExecError::Unavailable {
-            workflow: state.workflow_id.clone().map(|w| w.to_string()).unwrap_or_default(),
-            cause,
-        })?;
+        let armed =
+            self.inner
+                .armory
+                .arm(&version)
+                .await
+                .map_err(|cause| ExecError::Unavailable {
+                    workflow: state
+                        .workflow_id
+                        .clone()
+                        .map(|w| w.to_string())
+                        .unwrap_or_default(),
+                    cause,
+                })?;
         let ctx = RunCtx::new(
             self.inner.clone(),
             store.clone(),
@@ -511,16 +643,28 @@ impl Executor {
                         "profile": submission.profile,
                     }),
                 },
-                EpisodeEvent::RunResumed { reason: format!("judgment {id} answered") },
+                EpisodeEvent::RunResumed {
+                    reason: format!("judgment {id} answered"),
+                },
             ],
-            judgments: vec![JudgmentWrite::Answer { id: record.id.clone(), result: submission.result, at: now }],
+            judgments: vec![JudgmentWrite::Answer {
+                id: record.id.clone(),
+                result: submission.result,
+                at: now,
+            }],
             update: Some((RunStatus::Running, None, None)),
             durability: Durability::Sync,
             ..crate::run::Batch::default()
         })
         .await
         .map_err(|h| halt_error(&run, h))?;
-        self.inner.unblock_ancestors(&run, RunStatus::WaitingJudgment, "a child run's judgment was answered").await?;
+        self.inner
+            .unblock_ancestors(
+                &run,
+                RunStatus::WaitingJudgment,
+                "a child run's judgment was answered",
+            )
+            .await?;
         self.resume(&run).await
     }
 
@@ -556,7 +700,8 @@ impl Executor {
 /// A ULID for a new run id at `now_ms`: time from the executor's clock,
 /// the rest random (ids are volatile: nothing hashes or compares them).
 fn new_ulid(now_ms: i64) -> ulid::Ulid {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
     ulid::Ulid::from_datetime(at)
 }
 
@@ -564,7 +709,9 @@ fn collect_owned(armed: &Armed, id: &StepId, out: &mut Vec<StepId>) {
     let Some(step) = armed.step(id) else { return };
     let owned: Vec<StepId> = match &step.kind {
         StepKind::Parallel(p) => p.branches.clone(),
-        StepKind::Conditional(c) => std::iter::once(c.then.clone()).chain(c.otherwise.clone()).collect(),
+        StepKind::Conditional(c) => std::iter::once(c.then.clone())
+            .chain(c.otherwise.clone())
+            .collect(),
         _ => Vec::new(),
     };
     for o in owned {
@@ -578,14 +725,19 @@ fn collect_owned(armed: &Armed, id: &StepId, out: &mut Vec<StepId>) {
 fn halt_error(run: &RunId, h: crate::run::Halt) -> ExecError {
     match h {
         crate::run::Halt::Store(e) => ExecError::Store(e),
-        other => ExecError::Episode { run: run.to_string(), detail: format!("{other:?}") },
+        other => ExecError::Episode {
+            run: run.to_string(),
+            detail: format!("{other:?}"),
+        },
     }
 }
 
 async fn load_episode(store: &dyn Store, run: &RunId) -> Result<Episode, ExecError> {
     let stored = store.events(run).await?;
-    Episode::from_stored(run.as_str(), &stored)
-        .map_err(|e| ExecError::Episode { run: run.to_string(), detail: e.to_string() })
+    Episode::from_stored(run.as_str(), &stored).map_err(|e| ExecError::Episode {
+        run: run.to_string(),
+        detail: e.to_string(),
+    })
 }
 
 impl Inner {
@@ -599,8 +751,13 @@ impl Inner {
         Err(ExecError::UnknownRun(run.to_string()))
     }
 
-    async fn find_judgment(&self, id: &str) -> Result<Option<(Arc<dyn Store>, store::JudgmentRecord)>, ExecError> {
-        let Ok(id) = store::JudgmentId::parse(id) else { return Ok(None) };
+    async fn find_judgment(
+        &self,
+        id: &str,
+    ) -> Result<Option<(Arc<dyn Store>, store::JudgmentRecord)>, ExecError> {
+        let Ok(id) = store::JudgmentId::parse(id) else {
+            return Ok(None);
+        };
         let id = &id;
         if let Some(j) = self.store.judgment(id).await? {
             return Ok(Some((self.store.clone(), j)));
@@ -621,20 +778,33 @@ impl Inner {
                 None => return Ok(current),
             }
         }
-        Err(ExecError::TooDeep { max: MAX_SUBWORKFLOW_DEPTH })
+        Err(ExecError::TooDeep {
+            max: MAX_SUBWORKFLOW_DEPTH,
+        })
     }
 
     /// Marks the ancestors of `run` that stopped because of it as resumed.
-    async fn unblock_ancestors(self: &Arc<Self>, run: &RunId, because: RunStatus, reason: &str) -> Result<(), ExecError> {
+    async fn unblock_ancestors(
+        self: &Arc<Self>,
+        run: &RunId,
+        because: RunStatus,
+        reason: &str,
+    ) -> Result<(), ExecError> {
         let (_, mut rec) = self.locate(run).await?;
         while let Some((parent, _)) = rec.parent.clone() {
             let (store, prec) = self.locate(&parent).await?;
             if prec.status == because {
-                let state = refold(&load_episode(&*store, &parent).await?)
-                    .map_err(|e| ExecError::Episode { run: parent.to_string(), detail: e.to_string() })?;
+                let state = refold(&load_episode(&*store, &parent).await?).map_err(|e| {
+                    ExecError::Episode {
+                        run: parent.to_string(),
+                        detail: e.to_string(),
+                    }
+                })?;
                 let seq = state.last_seq.map_or(0, |s| s + 1);
                 let at = self.clock.now_ms();
-                let ev = EpisodeEvent::RunResumed { reason: reason.to_owned() };
+                let ev = EpisodeEvent::RunResumed {
+                    reason: reason.to_owned(),
+                };
                 store
                     .commit(store::Commit {
                         run: parent.clone(),
@@ -681,16 +851,21 @@ impl Inner {
         let mut verifiers = BTreeMap::new();
         for step in &def.steps {
             if let StepKind::Tool(t) = &step.kind {
-                let (identity, effect) = self.tools.pin_tool(&t.tool).map_err(|cause| ExecError::Unavailable {
-                    workflow: def.id.to_string(),
-                    cause,
-                })?;
+                let (identity, effect) =
+                    self.tools
+                        .pin_tool(&t.tool)
+                        .map_err(|cause| ExecError::Unavailable {
+                            workflow: def.id.to_string(),
+                            cause,
+                        })?;
                 tools.insert(t.tool.to_string(), PinnedTool { identity, effect });
             }
             for v in &step.verify {
-                let identity = self.tools.pin_verifier(&v.verifier).map_err(|cause| ExecError::Unavailable {
-                    workflow: def.id.to_string(),
-                    cause,
+                let identity = self.tools.pin_verifier(&v.verifier).map_err(|cause| {
+                    ExecError::Unavailable {
+                        workflow: def.id.to_string(),
+                        cause,
+                    }
                 })?;
                 verifiers.insert(v.verifier.to_string(), identity);
             }
@@ -723,7 +898,10 @@ impl Inner {
         let id = RunId::generate(new_ulid(now));
         let parent_key = match &parent {
             Some(p) => Some((
-                RunId::parse(&p.run).map_err(|e| ExecError::Episode { run: p.run.clone(), detail: e.to_string() })?,
+                RunId::parse(&p.run).map_err(|e| ExecError::Episode {
+                    run: p.run.clone(),
+                    detail: e.to_string(),
+                })?,
                 p.step.clone(),
             )),
             None => None,
@@ -740,7 +918,12 @@ impl Inner {
             })
             .await?;
         let rec = match created {
-            CreateRun::Existing(rec) => return Ok(Started { run: rec.id, existing: true }),
+            CreateRun::Existing(rec) => {
+                return Ok(Started {
+                    run: rec.id,
+                    existing: true,
+                });
+            }
             CreateRun::Created(rec) => rec,
         };
         let ctx = RunCtx::new(
@@ -769,7 +952,10 @@ impl Inner {
         )
         .await
         .map_err(|h| halt_error(&rec.id, h))?;
-        Ok(Started { run: rec.id, existing: false })
+        Ok(Started {
+            run: rec.id,
+            existing: false,
+        })
     }
 
     /// Creates the child run of a sub-workflow step.
@@ -783,7 +969,9 @@ impl Inner {
         if parent.depth + 1 > MAX_SUBWORKFLOW_DEPTH {
             return Err(Failure::new(
                 FailureClass::InvalidInput,
-                format!("sub-workflow nesting would exceed the kernel's bound of {MAX_SUBWORKFLOW_DEPTH}"),
+                format!(
+                    "sub-workflow nesting would exceed the kernel's bound of {MAX_SUBWORKFLOW_DEPTH}"
+                ),
             ));
         }
         let armed = self.armory.arm(&version).await?;
@@ -807,33 +995,63 @@ impl Inner {
     ) -> Result<RunOutcome, Failure> {
         let unavailable = |e: ExecError| Failure::new(FailureClass::Unavailable, e.to_string());
         let armed = self.armory.arm(&version).await?;
-        let ctx = self.load(child, armed, scope, parent.depth + 1).await.map_err(unavailable)?;
+        let ctx = self
+            .load(child, armed, scope, parent.depth + 1)
+            .await
+            .map_err(unavailable)?;
         Ok(self.drive_ctx(ctx).await)
     }
 
     /// Loads a run's state and intents into a driving context.
-    async fn load(self: &Arc<Self>, run: &RunId, armed: Arc<Armed>, scope: RunScope, depth: u32) -> Result<Arc<RunCtx>, ExecError> {
+    async fn load(
+        self: &Arc<Self>,
+        run: &RunId,
+        armed: Arc<Armed>,
+        scope: RunScope,
+        depth: u32,
+    ) -> Result<Arc<RunCtx>, ExecError> {
         let (store, _) = self.locate(run).await?;
         let episode = load_episode(&*store, run).await?;
-        let state = refold(&episode).map_err(|e| ExecError::Episode { run: run.to_string(), detail: e.to_string() })?;
+        let state = refold(&episode).map_err(|e| ExecError::Episode {
+            run: run.to_string(),
+            detail: e.to_string(),
+        })?;
         let intents = store.intents(run).await?;
-        Ok(RunCtx::new(self.clone(), store, run.clone(), armed, scope, depth, state, &intents))
+        Ok(RunCtx::new(
+            self.clone(),
+            store,
+            run.clone(),
+            armed,
+            scope,
+            depth,
+            state,
+            &intents,
+        ))
     }
 
     /// Drives a loaded run, registered as active while it is driven.
     async fn drive_ctx(self: &Arc<Self>, ctx: Arc<RunCtx>) -> RunOutcome {
         let key = ctx.run.to_string();
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), ctx.scope.clone());
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), ctx.scope.clone());
         let snap = ctx.snapshot().await;
         if snap.status == Some(RunStatus::Running) {
             let resumed = snap.steps.values().any(|s| {
-                matches!(s.status, crate::episode::StepStatus::Running | crate::episode::StepStatus::Waiting)
+                matches!(
+                    s.status,
+                    crate::episode::StepStatus::Running | crate::episode::StepStatus::Waiting
+                )
             });
             if resumed {
                 // The run stopped mid-step with its host: say so in the episode.
                 let _ = ctx
                     .record(
-                        vec![EpisodeEvent::RunResumed { reason: "recovered: the host stopped while the run was in flight".into() }],
+                        vec![EpisodeEvent::RunResumed {
+                            reason: "recovered: the host stopped while the run was in flight"
+                                .into(),
+                        }],
                         Vec::new(),
                         None,
                         Durability::Buffered,
@@ -842,7 +1060,10 @@ impl Inner {
             }
         }
         let outcome = ctx.clone().drive().await;
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
         outcome
     }
 
@@ -850,8 +1071,13 @@ impl Inner {
     async fn drive_root(self: Arc<Self>, run: &RunId) -> Result<RunOutcome, ExecError> {
         let (_, rec) = self.locate(run).await?;
         if rec.status != RunStatus::Running {
-            let state = refold(&load_episode(&*self.locate(run).await?.0, run).await?)
-                .map_err(|e| ExecError::Episode { run: run.to_string(), detail: e.to_string() })?;
+            let state =
+                refold(&load_episode(&*self.locate(run).await?.0, run).await?).map_err(|e| {
+                    ExecError::Episode {
+                        run: run.to_string(),
+                        detail: e.to_string(),
+                    }
+                })?;
             return Ok(RunOutcome {
                 run: run.clone(),
                 status: rec.status,
@@ -860,11 +1086,22 @@ impl Inner {
                 state,
             });
         }
-        let armed = self.armory.arm(&rec.version).await.map_err(|cause| ExecError::Unavailable {
-            workflow: rec.workflow_id.to_string(),
-            cause,
-        })?;
-        let ctx = self.load(run, armed, RunScope::root(TenantId::default(), run.to_string()), 0).await?;
+        let armed =
+            self.armory
+                .arm(&rec.version)
+                .await
+                .map_err(|cause| ExecError::Unavailable {
+                    workflow: rec.workflow_id.to_string(),
+                    cause,
+                })?;
+        let ctx = self
+            .load(
+                run,
+                armed,
+                RunScope::root(TenantId::default(), run.to_string()),
+                0,
+            )
+            .await?;
         Ok(self.drive_ctx(ctx).await)
     }
 
@@ -884,8 +1121,10 @@ impl Inner {
                 Box::pin(self.cancel_stopped(&child.id, reason)).await?;
             }
         }
-        let state = refold(&load_episode(&*store, run).await?)
-            .map_err(|e| ExecError::Episode { run: run.to_string(), detail: e.to_string() })?;
+        let state = refold(&load_episode(&*store, run).await?).map_err(|e| ExecError::Episode {
+            run: run.to_string(),
+            detail: e.to_string(),
+        })?;
         let intents = store.intents(run).await?;
         // Close every intent left dispatched.
         let mut last: BTreeMap<(StepId, u32, u32), &IntentRecord> = BTreeMap::new();
@@ -906,7 +1145,9 @@ impl Inner {
             })
             .collect();
         let seq = state.last_seq.map_or(0, |s| s + 1);
-        let ev = EpisodeEvent::RunCancelled { reason: reason.to_owned() };
+        let ev = EpisodeEvent::RunCancelled {
+            reason: reason.to_owned(),
+        };
         store
             .commit(store::Commit {
                 run: run.clone(),

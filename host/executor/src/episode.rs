@@ -16,7 +16,9 @@ use workflow::{Capability, EffectClass, JoinPolicy, Reducer, StepId, WorkflowId,
 use crate::effects::{Failure, ToolIdentity, Usage, Verdict};
 
 /// Status of one step execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum StepStatus {
     /// Not started (or reset by a loop).
@@ -41,7 +43,10 @@ pub enum StepStatus {
 impl StepStatus {
     /// Whether the step execution is over.
     pub fn is_finished(self) -> bool {
-        !matches!(self, StepStatus::Pending | StepStatus::Running | StepStatus::Waiting)
+        !matches!(
+            self,
+            StepStatus::Pending | StepStatus::Running | StepStatus::Waiting
+        )
     }
 }
 
@@ -138,7 +143,11 @@ pub enum EpisodeEvent {
         owner: Option<StepId>,
     },
     /// An attempt of the current execution began.
-    AttemptStarted { step: StepId, iteration: u32, attempt: u32 },
+    AttemptStarted {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+    },
     /// A model answered.
     ModelCalled {
         step: StepId,
@@ -160,7 +169,13 @@ pub enum EpisodeEvent {
         latency_ms: u64,
     },
     /// A model call failed.
-    ModelFailed { step: StepId, iteration: u32, attempt: u32, provider: String, failure: Failure },
+    ModelFailed {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        provider: String,
+        failure: Failure,
+    },
     /// A tool call, as a first-class step of the episode: identity,
     /// arguments, capabilities and the sandbox's hostcall record.
     ToolCalled {
@@ -180,7 +195,12 @@ pub enum EpisodeEvent {
         reconciled: bool,
     },
     /// The verifiers of an attempt, fanned out and joined.
-    Verified { step: StepId, iteration: u32, attempt: u32, verdicts: Vec<VerdictRecord> },
+    Verified {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        verdicts: Vec<VerdictRecord>,
+    },
     /// An attempt ended.
     AttemptFinished {
         step: StepId,
@@ -200,7 +220,12 @@ pub enum EpisodeEvent {
         failure: Option<Failure>,
     },
     /// A declared state key changed through its reducer.
-    StateWritten { key: String, reducer: Reducer, value: Value, value_hash: String },
+    StateWritten {
+        key: String,
+        reducer: Reducer,
+        value: Value,
+        value_hash: String,
+    },
     /// A conditional's predicate was evaluated.
     ConditionEvaluated {
         step: StepId,
@@ -210,7 +235,12 @@ pub enum EpisodeEvent {
         chosen: Option<StepId>,
     },
     /// A parallel step fanned out.
-    BranchesForked { step: StepId, iteration: u32, branches: Vec<StepId>, join: JoinPolicy },
+    BranchesForked {
+        step: StepId,
+        iteration: u32,
+        branches: Vec<StepId>,
+        join: JoinPolicy,
+    },
     /// A parallel step joined: who won, who lost the race, who failed.
     BranchesJoined {
         step: StepId,
@@ -220,9 +250,19 @@ pub enum EpisodeEvent {
         failed: Vec<StepId>,
     },
     /// A bounded back-edge was taken.
-    LoopIterated { from: StepId, to: StepId, taken: u32, body: Vec<StepId> },
+    LoopIterated {
+        from: StepId,
+        to: StepId,
+        taken: u32,
+        body: Vec<StepId>,
+    },
     /// A child run was created for a sub-workflow step.
-    ChildRunLinked { step: StepId, iteration: u32, child_run: String, child_version: WorkflowVersion },
+    ChildRunLinked {
+        step: StepId,
+        iteration: u32,
+        child_run: String,
+        child_version: WorkflowVersion,
+    },
     /// The child run ended.
     ChildRunFinished {
         step: StepId,
@@ -250,24 +290,46 @@ pub enum EpisodeEvent {
         provenance: Value,
     },
     /// The run waits for something outside it.
-    RunWaiting { reason: String },
+    RunWaiting {
+        reason: String,
+    },
     /// The run cannot go on without an operator.
-    RunBlocked { step: StepId, iteration: u32, attempt: u32, reason: String },
+    RunBlocked {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        reason: String,
+    },
     /// An operator decided the outcome of a blocked tool call.
-    Reconciled { step: StepId, iteration: u32, attempt: u32, decision: Reconciliation },
+    Reconciled {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        decision: Reconciliation,
+    },
     /// A host picked the run up again.
-    RunResumed { reason: String },
+    RunResumed {
+        reason: String,
+    },
     /// An operator asked for the run to go again from `from`: these steps
     /// (and the steps they own) are reset and run as new iterations; the
     /// history before stays in the episode.
-    RunRetried { from: StepId, reset: Vec<StepId> },
-    RunCompleted { output: Value, output_hash: String },
+    RunRetried {
+        from: StepId,
+        reset: Vec<StepId>,
+    },
+    RunCompleted {
+        output: Value,
+        output_hash: String,
+    },
     RunFailed {
         reason: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         step: Option<StepId>,
     },
-    RunCancelled { reason: String },
+    RunCancelled {
+        reason: String,
+    },
 }
 
 impl EpisodeEvent {
@@ -324,8 +386,14 @@ pub struct Episode {
 /// Why stored events do not form an episode.
 #[derive(Debug, thiserror::Error)]
 pub enum EpisodeError {
-    #[error("event {seq} of run {run} is not a poimen episode event ({cause}); the store holds data this version cannot read")]
-    Undecodable { run: String, seq: u64, cause: String },
+    #[error(
+        "event {seq} of run {run} is not a poimen episode event ({cause}); the store holds data this version cannot read"
+    )]
+    Undecodable {
+        run: String,
+        seq: u64,
+        cause: String,
+    },
 }
 
 impl Episode {
@@ -335,7 +403,11 @@ impl Episode {
             .iter()
             .map(|s| {
                 serde_json::from_value::<EpisodeEvent>(s.body.clone())
-                    .map(|event| Recorded { seq: s.seq, at: s.at, event })
+                    .map(|event| Recorded {
+                        seq: s.seq,
+                        at: s.at,
+                        event,
+                    })
                     .map_err(|e| EpisodeError::Undecodable {
                         run: run.to_owned(),
                         seq: s.seq,
@@ -343,7 +415,10 @@ impl Episode {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Episode { run: run.to_owned(), events })
+        Ok(Episode {
+            run: run.to_owned(),
+            events,
+        })
     }
 }
 
@@ -402,7 +477,9 @@ fn blank(v: &mut Value, fields: &[&str]) {
     for path in fields {
         let mut slot = Some(&mut *v);
         for part in path.split('.') {
-            slot = slot.and_then(|s| s.as_object_mut()).and_then(|o| o.get_mut(part));
+            slot = slot
+                .and_then(|s| s.as_object_mut())
+                .and_then(|o| o.get_mut(part));
         }
         if let Some(slot) = slot {
             *slot = Value::String(VOLATILE.to_owned());

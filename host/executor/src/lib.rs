@@ -22,15 +22,17 @@ pub mod state;
 
 pub use crash::CRASH_POINTS;
 pub use effects::{
-    Clock, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, SystemClock, ToolCall,
-    ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall, VerifierResult,
+    Clock, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, SystemClock,
+    ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall, VerifierResult,
 };
 pub use engine::{
-    Armory, ExecError, Executor, ExecutorConfig, JudgmentSubmission, StartOptions, Started,
-    MAX_SUBWORKFLOW_DEPTH,
+    Armory, ExecError, Executor, ExecutorConfig, JudgmentSubmission, MAX_SUBWORKFLOW_DEPTH,
+    StartOptions, Started,
 };
-pub use episode::{normalize, structure, Episode, EpisodeEvent, Reconciliation, StepStatus, VOLATILE_FIELDS};
+pub use episode::{
+    Episode, EpisodeEvent, Reconciliation, StepStatus, VOLATILE_FIELDS, normalize, structure,
+};
 pub use plan::Armed;
-pub use run::{judgment_id, RunOutcome};
+pub use run::{RunOutcome, judgment_id};
 pub use scope::{RunScope, TenantId};
-pub use state::{assert_refold_identical, refold, RunState};
+pub use state::{RunState, assert_refold_identical, refold};

@@ -29,7 +29,12 @@ impl Armed {
         let version = validated.version();
         let def = Arc::new(validated.into_def());
         let shape = Shape::of(&def);
-        Armed { def, version, subworkflows, shape }
+        Armed {
+            def,
+            version,
+            subworkflows,
+            shape,
+        }
     }
 
     /// The step with this id.
@@ -52,8 +57,12 @@ pub(crate) struct Shape {
 
 impl Shape {
     pub fn of(def: &WorkflowDef) -> Shape {
-        let index: BTreeMap<StepId, usize> =
-            def.steps.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        let index: BTreeMap<StepId, usize> = def
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i))
+            .collect();
         // Owned steps (Parallel branches, Conditional targets) are not top-level.
         let mut owner = BTreeMap::new();
         for s in &def.steps {
@@ -72,8 +81,12 @@ impl Shape {
                 _ => {}
             }
         }
-        let top: BTreeSet<StepId> =
-            def.steps.iter().map(|s| s.id.clone()).filter(|id| !owner.contains_key(id)).collect();
+        let top: BTreeSet<StepId> = def
+            .steps
+            .iter()
+            .map(|s| s.id.clone())
+            .filter(|id| !owner.contains_key(id))
+            .collect();
         let mut preds: BTreeMap<StepId, Vec<StepId>> =
             top.iter().map(|id| (id.clone(), Vec::new())).collect();
         let mut succs: BTreeMap<StepId, Vec<StepId>> = BTreeMap::new();
@@ -87,9 +100,13 @@ impl Shape {
             }
         }
         // Kahn's algorithm, always taking the smallest ready id.
-        let mut indegree: BTreeMap<&StepId, usize> = preds.iter().map(|(k, v)| (k, v.len())).collect();
-        let mut ready: BTreeSet<StepId> =
-            indegree.iter().filter(|(_, d)| **d == 0).map(|(k, _)| (*k).clone()).collect();
+        let mut indegree: BTreeMap<&StepId, usize> =
+            preds.iter().map(|(k, v)| (k, v.len())).collect();
+        let mut ready: BTreeSet<StepId> = indegree
+            .iter()
+            .filter(|(_, d)| **d == 0)
+            .map(|(k, _)| (*k).clone())
+            .collect();
         let mut topo = Vec::with_capacity(top.len());
         while let Some(next) = ready.pop_first() {
             for s in succs.get(&next).into_iter().flatten() {
@@ -102,7 +119,12 @@ impl Shape {
             }
             topo.push(next);
         }
-        Shape { index, topo, preds, back_edges }
+        Shape {
+            index,
+            topo,
+            preds,
+            back_edges,
+        }
     }
 
     /// Steps of the loop closed by a back-edge `from -> to`: every top-level
@@ -125,9 +147,16 @@ impl Shape {
             seen
         };
         let forward = reach(to, &|s| {
-            succs.get(s).map(|v| v.iter().map(|x| (*x).clone()).collect()).unwrap_or_default()
+            succs
+                .get(s)
+                .map(|v| v.iter().map(|x| (*x).clone()).collect())
+                .unwrap_or_default()
         });
         let backward = reach(from, &|s| self.preds.get(s).cloned().unwrap_or_default());
-        self.topo.iter().filter(|s| forward.contains(*s) && backward.contains(*s)).cloned().collect()
+        self.topo
+            .iter()
+            .filter(|s| forward.contains(*s) && backward.contains(*s))
+            .cloned()
+            .collect()
     }
 }

@@ -63,7 +63,12 @@ pub fn context(run: &RunState) -> Value {
     ctx.insert("inputs".into(), run.input.clone());
     ctx.insert(
         "state".into(),
-        Value::Object(run.state.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        Value::Object(
+            run.state
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
     );
     ctx.insert("steps".into(), Value::Object(steps));
     Value::Object(ctx)
@@ -79,7 +84,9 @@ pub fn render_text(template: &str, ctx: &Value) -> Result<(String, Vec<String>),
     let tmpl = env().template_from_str(template).map_err(err)?;
     let mut partition: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
     partition.sort();
-    let text = tmpl.render(minijinja::Value::from(minijinja::value::Serde(ctx))).map_err(err)?;
+    let text = tmpl
+        .render(minijinja::Value::from(minijinja::value::Serde(ctx)))
+        .map_err(err)?;
     Ok((text, partition))
 }
 
@@ -119,7 +126,13 @@ pub fn sole_expression(s: &str) -> Option<&str> {
     if inner.contains("{{") || inner.contains("}}") || inner.contains("{%") {
         return None;
     }
-    Some(inner.trim().trim_start_matches('-').trim_end_matches('-').trim())
+    Some(
+        inner
+            .trim()
+            .trim_start_matches('-')
+            .trim_end_matches('-')
+            .trim(),
+    )
 }
 
 fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
@@ -132,7 +145,9 @@ fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
             message: describe(&e),
         };
         let compiled = env().compile_expression(expr).map_err(err)?;
-        let value = compiled.eval(minijinja::Value::from(minijinja::value::Serde(ctx))).map_err(err)?;
+        let value = compiled
+            .eval(minijinja::Value::from(minijinja::value::Serde(ctx)))
+            .map_err(err)?;
         if value.is_undefined() {
             return Err(RenderError::Template {
                 template: shorten(s),
@@ -149,7 +164,10 @@ fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
 
 /// Evaluates a CEL predicate to a boolean.
 pub fn eval_predicate(predicate: &str, ctx: &Value) -> Result<bool, RenderError> {
-    let err = |message: String| RenderError::Predicate { predicate: shorten(predicate), message };
+    let err = |message: String| RenderError::Predicate {
+        predicate: shorten(predicate),
+        message,
+    };
     let program = cel::Program::compile(predicate).map_err(|e| err(e.to_string()))?;
     let mut context = cel::Context::default();
     if let Value::Object(vars) = ctx {
@@ -178,14 +196,18 @@ mod tests {
         let (text, partition) =
             render_text("{{ inputs.text }} / {{ steps.a.output.label }}", &ctx()).expect("renders");
         assert_eq!(text, "hi / spam");
-        assert_eq!(partition, vec!["inputs.text".to_owned(), "steps.a.output.label".to_owned()]);
+        assert_eq!(
+            partition,
+            vec!["inputs.text".to_owned(), "steps.a.output.label".to_owned()]
+        );
     }
 
     #[test]
     fn strict_undefined_is_an_error() {
         let e = render_text("{{ inputs.missing }}", &ctx()).expect_err("undefined");
         assert!(matches!(e, RenderError::Template { .. }));
-        let e = render_args(&json!({"x": "{{ steps.zzz.output }}"}), &ctx()).expect_err("undefined");
+        let e =
+            render_args(&json!({"x": "{{ steps.zzz.output }}"}), &ctx()).expect_err("undefined");
         assert!(matches!(e, RenderError::Template { .. }));
     }
 
@@ -196,7 +218,10 @@ mod tests {
             &ctx(),
         )
         .expect("renders");
-        assert_eq!(out, json!({"n": 5, "o": {"label": "spam"}, "s": "n=5", "k": 1}));
+        assert_eq!(
+            out,
+            json!({"n": 5, "o": {"label": "spam"}, "s": "n=5", "k": 1})
+        );
     }
 
     #[test]
@@ -204,7 +229,13 @@ mod tests {
         assert!(eval_predicate("steps.a.output.label == 'spam'", &ctx()).expect("evaluates"));
         assert!(eval_predicate("inputs.n > 3", &ctx()).expect("evaluates"));
         assert!(!eval_predicate("size(state.seen) > 1", &ctx()).expect("evaluates"));
-        assert!(matches!(eval_predicate("inputs.n", &ctx()), Err(RenderError::Predicate { .. })));
-        assert!(matches!(eval_predicate("now() > 1", &ctx()), Err(RenderError::Predicate { .. })));
+        assert!(matches!(
+            eval_predicate("inputs.n", &ctx()),
+            Err(RenderError::Predicate { .. })
+        ));
+        assert!(matches!(
+            eval_predicate("now() > 1", &ctx()),
+            Err(RenderError::Predicate { .. })
+        ));
     }
 }

@@ -16,9 +16,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use futures::FutureExt;
-use serde_json::{json, Value};
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
 use store::{
     BlobHash, Commit, Durability, IntentPhase, IntentRecord, NewEvent, RunId, RunStatus, RunUpdate,
     Store,
@@ -30,12 +30,14 @@ use workflow::{
 use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass, ModelRequest, ToolCall, VerifierCall};
 use crate::engine::Inner;
-use crate::episode::{CallOutcome, EpisodeEvent, ParentLink, Recorded, StepStatus, VerdictOutcome, VerdictRecord};
+use crate::episode::{
+    CallOutcome, EpisodeEvent, ParentLink, Recorded, StepStatus, VerdictOutcome, VerdictRecord,
+};
 use crate::hash::{canonical_json, hash_bytes, hash_json, idempotency_key};
 use crate::plan::Armed;
-use crate::render::{context, eval_predicate, render_args, render_text, RenderError};
+use crate::render::{RenderError, context, eval_predicate, render_args, render_text};
 use crate::scope::{RunScope, Stop};
-use crate::state::{reduce, RunState};
+use crate::state::{RunState, reduce};
 
 /// How a step execution ended, when the run goes on.
 #[derive(Debug, Clone)]
@@ -67,7 +69,10 @@ pub(crate) enum Halt {
     /// The run was cancelled.
     Cancelled,
     /// The run must fail now (budget, limits, a postcondition).
-    Fail { reason: String, step: Option<StepId> },
+    Fail {
+        reason: String,
+        step: Option<StepId>,
+    },
     /// The store refused a write: nothing more can be recorded.
     Store(store::StoreError),
     /// The episode contradicts itself or the workflow.
@@ -102,7 +107,10 @@ pub(crate) struct RunCtx {
 
 impl std::fmt::Debug for RunCtx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunCtx").field("run", &self.run).field("depth", &self.depth).finish()
+        f.debug_struct("RunCtx")
+            .field("run", &self.run)
+            .field("depth", &self.depth)
+            .finish()
     }
 }
 
@@ -121,7 +129,10 @@ impl RunCtx {
     ) -> Arc<RunCtx> {
         let mut phases: BTreeMap<(StepId, u32, u32), Vec<IntentPhase>> = BTreeMap::new();
         for i in intents {
-            phases.entry((i.step.clone(), i.iteration, i.attempt)).or_default().push(i.phase);
+            phases
+                .entry((i.step.clone(), i.iteration, i.attempt))
+                .or_default()
+                .push(i.phase);
         }
         Arc::new(RunCtx {
             exec,
@@ -150,7 +161,14 @@ impl RunCtx {
         update: Option<(RunStatus, Option<String>, Option<BlobHash>)>,
         durability: Durability,
     ) -> Result<(), Halt> {
-        self.commit(Batch { events, intents, update, durability, ..Batch::default() }).await
+        self.commit(Batch {
+            events,
+            intents,
+            update,
+            durability,
+            ..Batch::default()
+        })
+        .await
     }
 
     /// Records one batch in one store commit, then applies its events.
@@ -162,7 +180,11 @@ impl RunCtx {
             .events
             .into_iter()
             .enumerate()
-            .map(|(i, event)| Recorded { seq: first + i as u64, at, event })
+            .map(|(i, event)| Recorded {
+                seq: first + i as u64,
+                at,
+                event,
+            })
             .collect();
         let commit = Commit {
             run: self.run.clone(),
@@ -194,7 +216,10 @@ impl RunCtx {
         if !batch.intents.is_empty() {
             let mut phases = self.intents.lock().unwrap_or_else(|p| p.into_inner());
             for i in batch.intents {
-                phases.entry((i.step, i.iteration, i.attempt)).or_default().push(i.phase);
+                phases
+                    .entry((i.step, i.iteration, i.attempt))
+                    .or_default()
+                    .push(i.phase);
             }
         }
         Ok(())
@@ -226,7 +251,9 @@ impl RunCtx {
             let snap = self.snapshot().await;
             match snap.status {
                 Some(RunStatus::Running) => {}
-                Some(RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled) => return Ok(()),
+                Some(RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled) => {
+                    return Ok(());
+                }
                 Some(RunStatus::WaitingJudgment) => return Err(Halt::Waiting),
                 Some(RunStatus::Blocked) => return Err(Halt::Blocked),
                 Some(RunStatus::Queued) | None => {
@@ -241,14 +268,27 @@ impl RunCtx {
                     return true;
                 }
                 status == StepStatus::Pending
-                    && self.armed.shape.preds.get(*id).into_iter().flatten().all(|p| {
-                        snap.steps.get(p).is_some_and(|s| s.status == StepStatus::Completed)
-                    })
+                    && self
+                        .armed
+                        .shape
+                        .preds
+                        .get(*id)
+                        .into_iter()
+                        .flatten()
+                        .all(|p| {
+                            snap.steps
+                                .get(p)
+                                .is_some_and(|s| s.status == StepStatus::Completed)
+                        })
             });
             let Some(next) = next.cloned() else {
                 return self.complete(&snap).await;
             };
-            match self.clone().exec_step(next.clone(), None, self.scope.clone()).await? {
+            match self
+                .clone()
+                .exec_step(next.clone(), None, self.scope.clone())
+                .await?
+            {
                 StepEnd::Completed(_) => self.maybe_loop(&next).await?,
                 StepEnd::Failed(f) => {
                     return Err(Halt::Fail {
@@ -307,7 +347,9 @@ impl RunCtx {
         let Some(edge) = self.armed.shape.back_edges.get(from) else {
             return Ok(());
         };
-        let Some(max) = edge.max_iterations else { return Ok(()) };
+        let Some(max) = edge.max_iterations else {
+            return Ok(());
+        };
         let snap = self.snapshot().await;
         let taken = snap.loops.get(from).copied().unwrap_or(0);
         if taken >= max.get() {
@@ -315,7 +357,10 @@ impl RunCtx {
         }
         if let Some(when) = &edge.when {
             let go = eval_predicate(&when.0, &context(&snap)).map_err(|e| Halt::Fail {
-                reason: format!("the loop condition from `{from}` to `{}` failed: {e}", edge.to),
+                reason: format!(
+                    "the loop condition from `{from}` to `{}` failed: {e}",
+                    edge.to
+                ),
                 step: Some(from.clone()),
             })?;
             if !go {
@@ -355,7 +400,9 @@ impl RunCtx {
         if let Some(schema) = &def.outputs {
             if let Err(problems) = check_schema(schema, &output) {
                 return Err(Halt::Fail {
-                    reason: format!("the run's output does not match the workflow's `outputs` schema: {problems}"),
+                    reason: format!(
+                        "the run's output does not match the workflow's `outputs` schema: {problems}"
+                    ),
                     step: None,
                 });
             }
@@ -363,7 +410,10 @@ impl RunCtx {
         let bytes = canonical_json(&output);
         let blob = BlobHash::of(&bytes);
         self.commit(Batch {
-            events: vec![EpisodeEvent::RunCompleted { output, output_hash: blob.to_string() }],
+            events: vec![EpisodeEvent::RunCompleted {
+                output,
+                output_hash: blob.to_string(),
+            }],
             blobs: vec![bytes],
             update: Some((RunStatus::Completed, None, Some(blob))),
             durability: Durability::Sync,
@@ -386,7 +436,9 @@ impl RunCtx {
             Err(Halt::Cancelled) => {
                 let reason = "cancelled by request".to_owned();
                 self.record(
-                    vec![EpisodeEvent::RunCancelled { reason: reason.clone() }],
+                    vec![EpisodeEvent::RunCancelled {
+                        reason: reason.clone(),
+                    }],
                     Vec::new(),
                     Some((RunStatus::Cancelled, Some(reason), None)),
                     Durability::Sync,
@@ -395,7 +447,10 @@ impl RunCtx {
             }
             Err(Halt::Fail { reason, step }) => {
                 self.record(
-                    vec![EpisodeEvent::RunFailed { reason: reason.clone(), step }],
+                    vec![EpisodeEvent::RunFailed {
+                        reason: reason.clone(),
+                        step,
+                    }],
                     Vec::new(),
                     Some((RunStatus::Failed, Some(reason), None)),
                     Durability::Sync,
@@ -405,7 +460,10 @@ impl RunCtx {
             Err(Halt::Internal(msg)) => {
                 let reason = format!("internal error: {msg}");
                 self.record(
-                    vec![EpisodeEvent::RunFailed { reason: reason.clone(), step: None }],
+                    vec![EpisodeEvent::RunFailed {
+                        reason: reason.clone(),
+                        step: None,
+                    }],
                     Vec::new(),
                     Some((RunStatus::Failed, Some(reason), None)),
                     Durability::Sync,
@@ -421,7 +479,9 @@ impl RunCtx {
             // recovered when the store is writable again.
             Err(Halt::Store(e)) => {
                 let mut o = outcome_of(&self.snapshot().await);
-                o.reason = Some(format!("the store refused a write, the run stopped where its episode ends: {e}"));
+                o.reason = Some(format!(
+                    "the store refused a write, the run stopped where its episode ends: {e}"
+                ));
                 o
             }
             Err(other) => {
@@ -436,14 +496,24 @@ impl RunCtx {
 
     /// Executes (or resumes) one step execution: its attempts, verifiers,
     /// retries, and its state write.
-    pub fn exec_step(self: Arc<Self>, id: StepId, owner: Option<StepId>, scope: RunScope) -> StepFuture {
+    pub fn exec_step(
+        self: Arc<Self>,
+        id: StepId,
+        owner: Option<StepId>,
+        scope: RunScope,
+    ) -> StepFuture {
         async move {
             let Some(def) = self.armed.step(&id).cloned() else {
-                return Err(Halt::Internal(format!("step `{id}` is not in the workflow")));
+                return Err(Halt::Internal(format!(
+                    "step `{id}` is not in the workflow"
+                )));
             };
             let snap = self.snapshot().await;
             let st = snap.steps.get(&id).cloned().unwrap_or_default();
-            let (iteration, mut attempt) = if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
+            let (iteration, mut attempt) = if matches!(
+                st.status,
+                StepStatus::Running | StepStatus::Waiting
+            ) {
                 (st.iteration, st.attempt)
             } else {
                 if let Some(max) = self.armed.def.limits.steps {
@@ -466,7 +536,11 @@ impl RunCtx {
                             kind: def.kind.name().to_owned(),
                             owner: owner.clone(),
                         },
-                        EpisodeEvent::AttemptStarted { step: id.clone(), iteration, attempt: 1 },
+                        EpisodeEvent::AttemptStarted {
+                            step: id.clone(),
+                            iteration,
+                            attempt: 1,
+                        },
                     ],
                     Vec::new(),
                     None,
@@ -478,7 +552,11 @@ impl RunCtx {
             if attempt == 0 {
                 attempt = 1;
                 self.record(
-                    vec![EpisodeEvent::AttemptStarted { step: id.clone(), iteration, attempt }],
+                    vec![EpisodeEvent::AttemptStarted {
+                        step: id.clone(),
+                        iteration,
+                        attempt,
+                    }],
                     Vec::new(),
                     None,
                     Durability::Buffered,
@@ -489,7 +567,9 @@ impl RunCtx {
                 let result = match self.clone().attempt(&def, iteration, attempt, &scope).await {
                     Ok(r) => r,
                     Err(AttemptStop::Halt(h)) => return Err(h),
-                    Err(AttemptStop::Stopped(stop)) => return self.stopped(&id, iteration, stop).await,
+                    Err(AttemptStop::Stopped(stop)) => {
+                        return self.stopped(&id, iteration, stop).await;
+                    }
                 };
                 let finished = self
                     .snapshot()
@@ -523,14 +603,18 @@ impl RunCtx {
                         // Writes of parallel branches are applied by the join,
                         // in branch order, so completion order cannot matter.
                         let parallel_owned = owner.as_ref().is_some_and(|o| {
-                            matches!(self.armed.step(o).map(|s| &s.kind), Some(StepKind::Parallel(_)))
+                            matches!(
+                                self.armed.step(o).map(|s| &s.kind),
+                                Some(StepKind::Parallel(_))
+                            )
                         });
                         if !parallel_owned {
                             if let Some(ev) = self.state_write(&def, &output).await {
                                 events.push(ev);
                             }
                         }
-                        self.record(events, Vec::new(), None, Durability::Buffered).await?;
+                        self.record(events, Vec::new(), None, Durability::Buffered)
+                            .await?;
                         return Ok(StepEnd::Completed(output));
                     }
                     Err(failure) => {
@@ -541,14 +625,21 @@ impl RunCtx {
                         if retryable && attempt < def.retry.max_attempts {
                             let delay = def.retry.delay_before(attempt + 1);
                             if delay.0 > 0
-                                && scope.guard(self.exec.clock.sleep(delay.as_duration())).await.is_err()
+                                && scope
+                                    .guard(self.exec.clock.sleep(delay.as_duration()))
+                                    .await
+                                    .is_err()
                             {
                                 let stop = scope.stopped().unwrap_or(Stop::RunCancelled);
                                 return self.stopped(&id, iteration, stop).await;
                             }
                             attempt += 1;
                             self.record(
-                                vec![EpisodeEvent::AttemptStarted { step: id.clone(), iteration, attempt }],
+                                vec![EpisodeEvent::AttemptStarted {
+                                    step: id.clone(),
+                                    iteration,
+                                    attempt,
+                                }],
                                 Vec::new(),
                                 None,
                                 Durability::Buffered,
@@ -641,20 +732,47 @@ impl RunCtx {
             // The attempt ended before a crash; only the step's end is missing.
             return Ok(match finished {
                 Some(f) => Err(f.clone()),
-                None => Ok(st.output.clone().or_else(|| recorded_output(&st)).unwrap_or(Value::Null)),
+                None => Ok(st
+                    .output
+                    .clone()
+                    .or_else(|| recorded_output(&st))
+                    .unwrap_or(Value::Null)),
             });
         }
         let (input, result) = match &def.kind {
-            StepKind::Tool(t) => self.clone().tool_attempt(def, &t.tool, &t.args.0, iteration, attempt, scope).await?,
-            StepKind::Model(m) => self.model_attempt(def, m, iteration, attempt, scope).await?,
-            StepKind::Conditional(c) => (Value::Null, self.clone().conditional_attempt(def, c, iteration, scope).await?),
-            StepKind::Parallel(p) => (Value::Null, self.clone().parallel_attempt(def, &p.branches, p.join, iteration, scope).await?),
-            StepKind::SubWorkflow(s) => (Value::Null, self.clone().subworkflow_attempt(def, s, iteration, scope).await?),
+            StepKind::Tool(t) => {
+                self.clone()
+                    .tool_attempt(def, &t.tool, &t.args.0, iteration, attempt, scope)
+                    .await?
+            }
+            StepKind::Model(m) => {
+                self.model_attempt(def, m, iteration, attempt, scope)
+                    .await?
+            }
+            StepKind::Conditional(c) => (
+                Value::Null,
+                self.clone()
+                    .conditional_attempt(def, c, iteration, scope)
+                    .await?,
+            ),
+            StepKind::Parallel(p) => (
+                Value::Null,
+                self.clone()
+                    .parallel_attempt(def, &p.branches, p.join, iteration, scope)
+                    .await?,
+            ),
+            StepKind::SubWorkflow(s) => (
+                Value::Null,
+                self.clone()
+                    .subworkflow_attempt(def, s, iteration, scope)
+                    .await?,
+            ),
             StepKind::Judgment(j) => (Value::Null, self.judgment_attempt(def, j, iteration).await?),
         };
         match result {
             Ok(output) if !def.verify.is_empty() => {
-                self.verify(def, iteration, attempt, input, output, scope).await
+                self.verify(def, iteration, attempt, input, output, scope)
+                    .await
             }
             other => Ok(other),
         }
@@ -670,13 +788,17 @@ impl RunCtx {
         scope: &RunScope,
     ) -> Result<Result<Value, Failure>, AttemptStop> {
         let snap = self.snapshot().await;
-        let recorded = snap.steps.get(&def.id).and_then(|s| s.current.verdicts.clone());
+        let recorded = snap
+            .steps
+            .get(&def.id)
+            .and_then(|s| s.current.verdicts.clone());
         let verdicts = match recorded {
             Some(v) => v,
             None => {
                 let mut calls = Vec::new();
                 for v in &def.verify {
-                    let Some(identity) = snap.verifiers.get(&v.verifier.to_string()).cloned() else {
+                    let Some(identity) = snap.verifiers.get(&v.verifier.to_string()).cloned()
+                    else {
                         return Err(AttemptStop::Halt(Halt::Internal(format!(
                             "verifier `{}` of step `{}` was not pinned at the run's start",
                             v.verifier, def.id
@@ -728,14 +850,21 @@ impl RunCtx {
             .iter()
             .filter(|v| !v.passed())
             .map(|v| match &v.outcome {
-                VerdictOutcome::Verdict(x) => format!("`{}` rejected it: {}", v.verifier.name, x.reason),
-                VerdictOutcome::Err { failure } => format!("`{}` could not judge it: {failure}", v.verifier.name),
+                VerdictOutcome::Verdict(x) => {
+                    format!("`{}` rejected it: {}", v.verifier.name, x.reason)
+                }
+                VerdictOutcome::Err { failure } => {
+                    format!("`{}` could not judge it: {failure}", v.verifier.name)
+                }
             })
             .collect();
         if rejections.is_empty() {
             Ok(Ok(output))
         } else {
-            Ok(Err(Failure::new(FailureClass::Verifier, rejections.join("; "))))
+            Ok(Err(Failure::new(
+                FailureClass::Verifier,
+                rejections.join("; "),
+            )))
         }
     }
 
@@ -755,7 +884,9 @@ impl RunCtx {
             Ok(a) => a,
             Err(e) => return Ok((Value::Null, Err(render_failure(e)))),
         };
-        let result = self.call_tool(def, tool, args.clone(), iteration, attempt, scope).await?;
+        let result = self
+            .call_tool(def, tool, args.clone(), iteration, attempt, scope)
+            .await?;
         Ok((args, result))
     }
 
@@ -788,7 +919,10 @@ impl RunCtx {
         };
         let key = idempotency_key(self.run.as_str(), def.id.as_str(), iteration);
         let args_hash = hash_json(&args);
-        let intent = |phase: IntentPhase, output_hash: Option<String>, error: Option<String>, record: Option<Value>| IntentRecord {
+        let intent = |phase: IntentPhase,
+                      output_hash: Option<String>,
+                      error: Option<String>,
+                      record: Option<Value>| IntentRecord {
             run: self.run.clone(),
             step: def.id.clone(),
             iteration,
@@ -829,15 +963,25 @@ impl RunCtx {
                     return Err(halt(Halt::Blocked));
                 }
                 // Pure or idempotent: dispatch again under the same key.
-                self.record(Vec::new(), vec![intent(IntentPhase::Dispatched, None, None, None)], None, Durability::Sync)
-                    .await
-                    .map_err(halt)?;
+                self.record(
+                    Vec::new(),
+                    vec![intent(IntentPhase::Dispatched, None, None, None)],
+                    None,
+                    Durability::Sync,
+                )
+                .await
+                .map_err(halt)?;
             }
             Some(IntentPhase::Pending) => {
                 crash_point("after_pending");
-                self.record(Vec::new(), vec![intent(IntentPhase::Dispatched, None, None, None)], None, Durability::Sync)
-                    .await
-                    .map_err(halt)?;
+                self.record(
+                    Vec::new(),
+                    vec![intent(IntentPhase::Dispatched, None, None, None)],
+                    None,
+                    Durability::Sync,
+                )
+                .await
+                .map_err(halt)?;
                 crash_point("after_dispatched");
             }
             Some(IntentPhase::Committed | IntentPhase::Failed) => {
@@ -850,19 +994,32 @@ impl RunCtx {
                 if let Some(max) = self.armed.def.budget.tool_calls {
                     if snap.spent.tool_calls >= max {
                         return Err(halt(Halt::Fail {
-                            reason: format!("budget exceeded: the run may make {max} tool calls and step `{}` would make one more", def.id),
+                            reason: format!(
+                                "budget exceeded: the run may make {max} tool calls and step `{}` would make one more",
+                                def.id
+                            ),
                             step: Some(def.id.clone()),
                         }));
                     }
                 }
                 crash_point("before_pending");
-                self.record(Vec::new(), vec![intent(IntentPhase::Pending, None, None, None)], None, Durability::Buffered)
-                    .await
-                    .map_err(halt)?;
+                self.record(
+                    Vec::new(),
+                    vec![intent(IntentPhase::Pending, None, None, None)],
+                    None,
+                    Durability::Buffered,
+                )
+                .await
+                .map_err(halt)?;
                 crash_point("after_pending");
-                self.record(Vec::new(), vec![intent(IntentPhase::Dispatched, None, None, None)], None, Durability::Sync)
-                    .await
-                    .map_err(halt)?;
+                self.record(
+                    Vec::new(),
+                    vec![intent(IntentPhase::Dispatched, None, None, None)],
+                    None,
+                    Durability::Sync,
+                )
+                .await
+                .map_err(halt)?;
                 crash_point("after_dispatched");
             }
         }
@@ -895,10 +1052,17 @@ impl RunCtx {
                         idempotency_key: key.clone(),
                         capabilities: Vec::new(),
                         record: Value::Null,
-                        outcome: CallOutcome::Err { failure: failure.clone() },
+                        outcome: CallOutcome::Err {
+                            failure: failure.clone(),
+                        },
                         reconciled: false,
                     }],
-                    vec![intent(IntentPhase::Failed, None, Some(failure.to_string()), None)],
+                    vec![intent(
+                        IntentPhase::Failed,
+                        None,
+                        Some(failure.to_string()),
+                        None,
+                    )],
                     None,
                     Durability::Sync,
                 )
@@ -911,11 +1075,24 @@ impl RunCtx {
         let (outcome, phase, output_hash, error) = match result.outcome {
             Ok(output) => {
                 let h = hash_json(&output);
-                (CallOutcome::Ok { output, output_hash: h.clone() }, IntentPhase::Committed, Some(h), None)
+                (
+                    CallOutcome::Ok {
+                        output,
+                        output_hash: h.clone(),
+                    },
+                    IntentPhase::Committed,
+                    Some(h),
+                    None,
+                )
             }
             Err(failure) => {
                 let e = failure.to_string();
-                (CallOutcome::Err { failure }, IntentPhase::Failed, None, Some(e))
+                (
+                    CallOutcome::Err { failure },
+                    IntentPhase::Failed,
+                    None,
+                    Some(e),
+                )
             }
         };
         self.record(
@@ -973,7 +1150,10 @@ impl RunCtx {
         partition.sort();
         partition.dedup();
         let input = Value::String(prompt.clone());
-        let recorded = snap.steps.get(&def.id).and_then(|s| s.current.model.clone());
+        let recorded = snap
+            .steps
+            .get(&def.id)
+            .and_then(|s| s.current.model.clone());
         let text = match recorded {
             Some(Ok(text)) => text,
             Some(Err(failure)) => return Ok((input, Err(failure))),
@@ -994,18 +1174,24 @@ impl RunCtx {
                     .guard(tokio::time::timeout(timeout, provider.complete(request)))
                     .await
                     .map_err(AttemptStop::Stopped)?;
-                let latency_ms = u64::try_from(self.exec.clock.now_ms().saturating_sub(started)).unwrap_or(0);
+                let latency_ms =
+                    u64::try_from(self.exec.clock.now_ms().saturating_sub(started)).unwrap_or(0);
                 let answer = answer.unwrap_or_else(|_| {
                     Err(Failure::new(
                         FailureClass::Timeout,
-                        format!("model `{}` did not answer within {} ms", provider.provider(), timeout.as_millis()),
+                        format!(
+                            "model `{}` did not answer within {} ms",
+                            provider.provider(),
+                            timeout.as_millis()
+                        ),
                     ))
                 });
                 match answer {
                     Ok(resp) => {
                         // Prompt and output are content-addressed blobs, written
                         // in the same commit as the event that names them.
-                        let mut blobs = vec![prompt.clone().into_bytes(), resp.text.clone().into_bytes()];
+                        let mut blobs =
+                            vec![prompt.clone().into_bytes(), resp.text.clone().into_bytes()];
                         let prompt_blob = BlobHash::of(prompt.as_bytes());
                         let output_blob = BlobHash::of(resp.text.as_bytes());
                         let system_blob = system.as_ref().map(|s| {
@@ -1064,7 +1250,10 @@ impl RunCtx {
                         input,
                         Err(Failure::new(
                             FailureClass::Failed,
-                            format!("the model's answer is not the JSON the step asks for ({e}): {}", preview(&text)),
+                            format!(
+                                "the model's answer is not the JSON the step asks for ({e}): {}",
+                                preview(&text)
+                            ),
                         )),
                     ));
                 }
@@ -1117,10 +1306,19 @@ impl RunCtx {
                 chosen
             }
         };
-        let Some(target) = chosen else { return Ok(Ok(Value::Null)) };
-        match self.clone().exec_step(target.clone(), Some(def.id.clone()), scope.clone()).await {
+        let Some(target) = chosen else {
+            return Ok(Ok(Value::Null));
+        };
+        match self
+            .clone()
+            .exec_step(target.clone(), Some(def.id.clone()), scope.clone())
+            .await
+        {
             Ok(StepEnd::Completed(v)) => Ok(Ok(v)),
-            Ok(StepEnd::Failed(f)) => Ok(Err(Failure::new(f.class, format!("`{target}`: {}", f.message)))),
+            Ok(StepEnd::Failed(f)) => Ok(Err(Failure::new(
+                f.class,
+                format!("`{target}`: {}", f.message),
+            ))),
             Ok(StepEnd::Lost) => Err(AttemptStop::Stopped(Stop::Lost)),
             Err(h) => Err(AttemptStop::Halt(h)),
         }
@@ -1163,7 +1361,11 @@ impl RunCtx {
         };
         // Branches already finished in this execution, in finish order.
         let snap = self.snapshot().await;
-        let finished: Vec<StepId> = snap.steps.get(&def.id).map(|s| s.finish_order.clone()).unwrap_or_default();
+        let finished: Vec<StepId> = snap
+            .steps
+            .get(&def.id)
+            .map(|s| s.finish_order.clone())
+            .unwrap_or_default();
         let mut winners: Vec<StepId> = Vec::new();
         let mut failed: Vec<StepId> = Vec::new();
         for b in &finished {
@@ -1192,7 +1394,10 @@ impl RunCtx {
             let (b, r) = match joined {
                 Ok(x) => x,
                 Err(e) => {
-                    halt.get_or_insert(Halt::Internal(format!("a branch task of `{}` died: {e}", def.id)));
+                    halt.get_or_insert(Halt::Internal(format!(
+                        "a branch task of `{}` died: {e}",
+                        def.id
+                    )));
                     continue;
                 }
             };
@@ -1207,7 +1412,9 @@ impl RunCtx {
                 Err(h) => {
                     // Cancellation wins over waiting; the first other halt is kept.
                     match (&halt, &h) {
-                        (None, _) | (Some(Halt::Waiting | Halt::Blocked), Halt::Cancelled) => halt = Some(h),
+                        (None, _) | (Some(Halt::Waiting | Halt::Blocked), Halt::Cancelled) => {
+                            halt = Some(h)
+                        }
                         _ => {}
                     }
                 }
@@ -1224,17 +1431,32 @@ impl RunCtx {
         }
         if let Some(h) = halt {
             let decided = winners.len() >= needed;
-            if !decided || matches!(h, Halt::Cancelled | Halt::Store(_) | Halt::Internal(_) | Halt::Fail { .. }) {
+            if !decided
+                || matches!(
+                    h,
+                    Halt::Cancelled | Halt::Store(_) | Halt::Internal(_) | Halt::Fail { .. }
+                )
+            {
                 return Err(AttemptStop::Halt(h));
             }
         }
         if scope.stopped().is_some() {
-            return Err(AttemptStop::Stopped(scope.stopped().unwrap_or(Stop::RunCancelled)));
+            return Err(AttemptStop::Stopped(
+                scope.stopped().unwrap_or(Stop::RunCancelled),
+            ));
         }
         // Record the join, winners in branch declaration order.
         let snap = self.snapshot().await;
-        let winners: Vec<StepId> = branches.iter().filter(|b| winners.contains(b)).cloned().collect();
-        let failed: Vec<StepId> = branches.iter().filter(|b| failed.contains(b)).cloned().collect();
+        let winners: Vec<StepId> = branches
+            .iter()
+            .filter(|b| winners.contains(b))
+            .cloned()
+            .collect();
+        let failed: Vec<StepId> = branches
+            .iter()
+            .filter(|b| failed.contains(b))
+            .cloned()
+            .collect();
         let losers: Vec<StepId> = branches
             .iter()
             .filter(|b| !winners.contains(b) && !failed.contains(b))
@@ -1251,12 +1473,24 @@ impl RunCtx {
             // Winners' state writes, applied in branch order.
             let mut state = snap.state.clone();
             for w in &winners {
-                let (Some(bdef), Some(out)) = (self.armed.step(w), snap.steps.get(w).and_then(|s| s.output.clone())) else {
+                let (Some(bdef), Some(out)) = (
+                    self.armed.step(w),
+                    snap.steps.get(w).and_then(|s| s.output.clone()),
+                ) else {
                     continue;
                 };
                 if let Some(key) = &bdef.writes {
-                    let reducer = self.armed.def.state.get(key).and_then(|d| d.reducer).unwrap_or_default();
-                    let current = state.get(key.as_str()).cloned().unwrap_or_else(|| RunState::initial_value(reducer));
+                    let reducer = self
+                        .armed
+                        .def
+                        .state
+                        .get(key)
+                        .and_then(|d| d.reducer)
+                        .unwrap_or_default();
+                    let current = state
+                        .get(key.as_str())
+                        .cloned()
+                        .unwrap_or_else(|| RunState::initial_value(reducer));
                     let value = reduce(reducer, &current, &out);
                     state.insert(key.0.clone(), value.clone());
                     events.push(EpisodeEvent::StateWritten {
@@ -1275,11 +1509,18 @@ impl RunCtx {
         let joined = snap.steps.get(&def.id).and_then(|s| s.joined.clone());
         match joined {
             Some(j) => Ok(self.join_result(def, &j, &snap)),
-            None => Err(AttemptStop::Halt(Halt::Internal("the join was not recorded".into()))),
+            None => Err(AttemptStop::Halt(Halt::Internal(
+                "the join was not recorded".into(),
+            ))),
         }
     }
 
-    fn join_result(&self, def: &StepDef, j: &crate::state::Join, snap: &RunState) -> Result<Value, Failure> {
+    fn join_result(
+        &self,
+        def: &StepDef,
+        j: &crate::state::Join,
+        snap: &RunState,
+    ) -> Result<Value, Failure> {
         let needed = match &def.kind {
             StepKind::Parallel(p) => match p.join {
                 JoinPolicy::All => p.branches.len(),
@@ -1302,13 +1543,25 @@ impl RunCtx {
                 .collect();
             return Err(Failure::new(
                 FailureClass::Failed,
-                format!("{} of {needed} needed branches succeeded; {}", j.winners.len(), why.join("; ")),
+                format!(
+                    "{} of {needed} needed branches succeeded; {}",
+                    j.winners.len(),
+                    why.join("; ")
+                ),
             ));
         }
         let out: serde_json::Map<String, Value> = j
             .winners
             .iter()
-            .map(|w| (w.0.clone(), snap.steps.get(w).and_then(|s| s.output.clone()).unwrap_or(Value::Null)))
+            .map(|w| {
+                (
+                    w.0.clone(),
+                    snap.steps
+                        .get(w)
+                        .and_then(|s| s.output.clone())
+                        .unwrap_or(Value::Null),
+                )
+            })
             .collect();
         Ok(Value::Object(out))
     }
@@ -1330,13 +1583,22 @@ impl RunCtx {
                 if let Some((status, output)) = &l.finished {
                     return Ok(child_result(&l.run, *status, output.clone()));
                 }
-                (RunId::parse(&l.run).map_err(|e| halt(Halt::Internal(e.to_string())))?, l.version)
+                (
+                    RunId::parse(&l.run).map_err(|e| halt(Halt::Internal(e.to_string())))?,
+                    l.version,
+                )
             }
             None => {
-                let Some(version) = self.armed.subworkflows.get(&def.id).copied().or(match &s.version {
-                    workflow::VersionSelector::Pinned(v) => Some(*v),
-                    workflow::VersionSelector::Latest => None,
-                }) else {
+                let Some(version) =
+                    self.armed
+                        .subworkflows
+                        .get(&def.id)
+                        .copied()
+                        .or(match &s.version {
+                            workflow::VersionSelector::Pinned(v) => Some(*v),
+                            workflow::VersionSelector::Latest => None,
+                        })
+                else {
                     return Err(halt(Halt::Internal(format!(
                         "sub-workflow `{}` of step `{}` was not resolved when the workflow was armed",
                         s.id, def.id
@@ -1346,12 +1608,12 @@ impl RunCtx {
                     Ok(i) => i,
                     Err(e) => return Ok(Err(render_failure(e))),
                 };
-                let parent = ParentLink { run: self.run.to_string(), step: def.id.clone(), iteration };
-                let child = match self
-                    .exec
-                    .create_child(&self, version, input, parent)
-                    .await
-                {
+                let parent = ParentLink {
+                    run: self.run.to_string(),
+                    step: def.id.clone(),
+                    iteration,
+                };
+                let child = match self.exec.create_child(&self, version, input, parent).await {
                     Ok(c) => c,
                     Err(failure) => return Ok(Err(failure)),
                 };
@@ -1373,7 +1635,12 @@ impl RunCtx {
         };
         let outcome = match self
             .exec
-            .drive_child(&self, &child_run, version, scope.child_run(child_run.to_string()))
+            .drive_child(
+                &self,
+                &child_run,
+                version,
+                scope.child_run(child_run.to_string()),
+            )
             .await
         {
             Ok(o) => o,
@@ -1402,13 +1669,23 @@ impl RunCtx {
                 Ok(r)
             }
             RunStatus::WaitingJudgment => {
-                self.mark_waiting(format!("child run {child_run} waits for a judgment")).await.map_err(halt)?;
+                self.mark_waiting(format!("child run {child_run} waits for a judgment"))
+                    .await
+                    .map_err(halt)?;
                 Err(halt(Halt::Waiting))
             }
             RunStatus::Blocked => {
-                let reason = format!("child run {child_run} is blocked: {}", outcome.reason.unwrap_or_default());
+                let reason = format!(
+                    "child run {child_run} is blocked: {}",
+                    outcome.reason.unwrap_or_default()
+                );
                 self.record(
-                    vec![EpisodeEvent::RunBlocked { step: def.id.clone(), iteration, attempt: 0, reason: reason.clone() }],
+                    vec![EpisodeEvent::RunBlocked {
+                        step: def.id.clone(),
+                        iteration,
+                        attempt: 0,
+                        reason: reason.clone(),
+                    }],
                     Vec::new(),
                     Some((RunStatus::Blocked, Some(reason), None)),
                     Durability::Sync,
@@ -1417,7 +1694,9 @@ impl RunCtx {
                 .map_err(halt)?;
                 Err(halt(Halt::Blocked))
             }
-            RunStatus::Cancelled => Err(AttemptStop::Stopped(scope.stopped().unwrap_or(Stop::RunCancelled))),
+            RunStatus::Cancelled => Err(AttemptStop::Stopped(
+                scope.stopped().unwrap_or(Stop::RunCancelled),
+            )),
             RunStatus::Running | RunStatus::Queued => Err(halt(Halt::Internal(format!(
                 "child run {child_run} stopped while still running: {}",
                 outcome.reason.unwrap_or_default()
@@ -1430,7 +1709,9 @@ impl RunCtx {
             return Ok(());
         }
         self.record(
-            vec![EpisodeEvent::RunWaiting { reason: reason.clone() }],
+            vec![EpisodeEvent::RunWaiting {
+                reason: reason.clone(),
+            }],
             Vec::new(),
             Some((RunStatus::WaitingJudgment, Some(reason), None)),
             Durability::Sync,
@@ -1452,9 +1733,12 @@ impl RunCtx {
             return match state.result {
                 Some(result) => Ok(Ok(result)),
                 None => {
-                    self.mark_waiting(format!("step `{}` waits for judgment {}", def.id, state.request_id))
-                        .await
-                        .map_err(halt)?;
+                    self.mark_waiting(format!(
+                        "step `{}` waits for judgment {}",
+                        def.id, state.request_id
+                    ))
+                    .await
+                    .map_err(halt)?;
                     Err(halt(Halt::Waiting))
                 }
             };
@@ -1467,7 +1751,9 @@ impl RunCtx {
         let mut sources = Vec::new();
         for s in &j.sources {
             match render_text(&s.0, &ctx) {
-                Ok((text, _)) => sources.push(json!({"hash": hash_bytes(text.as_bytes()), "text": text})),
+                Ok((text, _)) => {
+                    sources.push(json!({"hash": hash_bytes(text.as_bytes()), "text": text}))
+                }
                 Err(e) => return Ok(Err(render_failure(e))),
             }
         }
@@ -1496,7 +1782,9 @@ impl RunCtx {
                     request_hash: request_hash.clone(),
                     request: request.clone(),
                 },
-                EpisodeEvent::RunWaiting { reason: reason.clone() },
+                EpisodeEvent::RunWaiting {
+                    reason: reason.clone(),
+                },
             ],
             judgments: vec![store::JudgmentWrite::Open {
                 id: request_id,
@@ -1532,7 +1820,10 @@ impl From<Halt> for AttemptStop {
 fn child_result(run: &str, status: RunStatus, output: Option<Value>) -> Result<Value, Failure> {
     match status {
         RunStatus::Completed => Ok(output.unwrap_or(Value::Null)),
-        other => Err(Failure::new(FailureClass::Failed, format!("child run {run} ended {other:?}"))),
+        other => Err(Failure::new(
+            FailureClass::Failed,
+            format!("child run {run} ended {other:?}"),
+        )),
     }
 }
 
@@ -1559,20 +1850,31 @@ fn render_failure(e: RenderError) -> Failure {
 
 /// Checks a value against a JSON Schema; the problems, joined, when it fails.
 pub(crate) fn check_schema(schema: &Value, value: &Value) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema).map_err(|e| format!("the schema itself is invalid: {e}"))?;
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| format!("the schema itself is invalid: {e}"))?;
     let problems: Vec<String> = validator
         .iter_errors(value)
         .map(|e| {
             let path = e.instance_path().to_string();
-            if path.is_empty() { e.to_string() } else { format!("at {path}: {e}") }
+            if path.is_empty() {
+                e.to_string()
+            } else {
+                format!("at {path}: {e}")
+            }
         })
         .collect();
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
 }
 
 fn strip_fences(text: &str) -> &str {
     let t = text.trim();
-    let Some(rest) = t.strip_prefix("```") else { return t };
+    let Some(rest) = t.strip_prefix("```") else {
+        return t;
+    };
     let rest = rest.strip_prefix("json").unwrap_or(rest);
     rest.strip_suffix("```").unwrap_or(rest).trim()
 }

@@ -43,7 +43,12 @@ impl RunScope {
     /// The root scope of a run.
     pub fn root(tenant: TenantId, run: impl Into<String>) -> Self {
         let run_token = CancellationToken::new();
-        RunScope { tenant, run: run.into(), own: run_token.clone(), run_token }
+        RunScope {
+            tenant,
+            run: run.into(),
+            own: run_token.clone(),
+            run_token,
+        }
     }
 
     /// A scope for one parallel branch: cancelled with the run, or alone
@@ -60,7 +65,12 @@ impl RunScope {
     /// The root scope of a child run: cancelled when the parent is.
     pub fn child_run(&self, run: impl Into<String>) -> RunScope {
         let token = self.own.child_token();
-        RunScope { tenant: self.tenant.clone(), run: run.into(), own: token.clone(), run_token: token }
+        RunScope {
+            tenant: self.tenant.clone(),
+            run: run.into(),
+            own: token.clone(),
+            run_token: token,
+        }
     }
 
     /// Cancels the whole run.
@@ -108,6 +118,9 @@ mod tests {
         assert_eq!(b.stopped(), None);
         run.cancel_run();
         assert_eq!(b.stopped(), Some(Stop::RunCancelled));
-        assert_eq!(b.guard(std::future::pending::<()>()).await, Err(Stop::RunCancelled));
+        assert_eq!(
+            b.guard(std::future::pending::<()>()).await,
+            Err(Stop::RunCancelled)
+        );
     }
 }

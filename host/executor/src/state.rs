@@ -13,12 +13,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use workflow::{Reducer, StepId, WorkflowDef, WorkflowId, WorkflowVersion};
 
+use crate::effects::ToolIdentity;
 use crate::effects::{Failure, Usage};
 use crate::episode::{
-    CallOutcome, Episode, EpisodeEvent, ParentLink, PinnedTool, Recorded, StepStatus,
-    VerdictRecord,
+    CallOutcome, Episode, EpisodeEvent, ParentLink, PinnedTool, Recorded, StepStatus, VerdictRecord,
 };
-use crate::effects::ToolIdentity;
 
 /// Lifecycle status of a run, as the fold sees it.
 pub use store::RunStatus;
@@ -157,7 +156,11 @@ pub enum FoldError {
     #[error("event {seq} comes after {last:?}: the episode has a gap or is out of order")]
     OutOfOrder { seq: u64, last: Option<u64> },
     #[error("event {seq} ({kind}) refers to step `{step}`, which no earlier event started")]
-    UnknownStep { seq: u64, kind: &'static str, step: StepId },
+    UnknownStep {
+        seq: u64,
+        kind: &'static str,
+        step: StepId,
+    },
 }
 
 impl RunState {
@@ -174,7 +177,12 @@ impl RunState {
     pub fn declared(def: &WorkflowDef) -> BTreeMap<String, Value> {
         def.state
             .iter()
-            .map(|(k, d)| (k.0.clone(), Self::initial_value(d.reducer.unwrap_or_default())))
+            .map(|(k, d)| {
+                (
+                    k.0.clone(),
+                    Self::initial_value(d.reducer.unwrap_or_default()),
+                )
+            })
             .collect()
     }
 
@@ -187,11 +195,22 @@ impl RunState {
     pub fn apply(&mut self, r: &Recorded) -> Result<(), FoldError> {
         let expected = self.last_seq.map_or(0, |s| s + 1);
         if r.seq != expected {
-            return Err(FoldError::OutOfOrder { seq: r.seq, last: self.last_seq });
+            return Err(FoldError::OutOfOrder {
+                seq: r.seq,
+                last: self.last_seq,
+            });
         }
         self.last_seq = Some(r.seq);
         match &r.event {
-            EpisodeEvent::RunStarted { workflow_id, version, input, parent, tools, verifiers, .. } => {
+            EpisodeEvent::RunStarted {
+                workflow_id,
+                version,
+                input,
+                parent,
+                tools,
+                verifiers,
+                ..
+            } => {
                 self.workflow_id = Some(workflow_id.clone());
                 self.version = Some(*version);
                 self.input = input.clone();
@@ -201,7 +220,12 @@ impl RunState {
                 self.status = Some(RunStatus::Running);
                 self.started_at = r.at;
             }
-            EpisodeEvent::StepStarted { step, iteration, owner, .. } => {
+            EpisodeEvent::StepStarted {
+                step,
+                iteration,
+                owner,
+                ..
+            } => {
                 self.spent.step_executions += 1;
                 let s = self.step_mut(step);
                 s.status = StepStatus::Running;
@@ -228,14 +252,21 @@ impl RunState {
                 s.child = None;
                 s.judgment = None;
             }
-            EpisodeEvent::ModelCalled { step, text, usage, .. } => {
+            EpisodeEvent::ModelCalled {
+                step, text, usage, ..
+            } => {
                 self.charge(*usage);
                 self.step_mut(step).current.model = Some(Ok(text.clone()));
             }
             EpisodeEvent::ModelFailed { step, failure, .. } => {
                 self.step_mut(step).current.model = Some(Err(failure.clone()));
             }
-            EpisodeEvent::ToolCalled { step, outcome, reconciled, .. } => {
+            EpisodeEvent::ToolCalled {
+                step,
+                outcome,
+                reconciled,
+                ..
+            } => {
                 if !reconciled {
                     self.spent.tool_calls += 1;
                 }
@@ -247,7 +278,13 @@ impl RunState {
             EpisodeEvent::AttemptFinished { step, failure, .. } => {
                 self.step_mut(step).current.finished = Some(failure.clone());
             }
-            EpisodeEvent::StepFinished { step, status, output, failure, .. } => {
+            EpisodeEvent::StepFinished {
+                step,
+                status,
+                output,
+                failure,
+                ..
+            } => {
                 let s = self.step_mut(step);
                 s.status = *status;
                 if output.is_some() {
@@ -277,7 +314,13 @@ impl RunState {
                 s.forked = true;
                 s.finish_order.clear();
             }
-            EpisodeEvent::BranchesJoined { step, winners, losers, failed, .. } => {
+            EpisodeEvent::BranchesJoined {
+                step,
+                winners,
+                losers,
+                failed,
+                ..
+            } => {
                 self.step_mut(step).joined = Some(Join {
                     winners: winners.clone(),
                     losers: losers.clone(),
@@ -291,16 +334,34 @@ impl RunState {
                 }
                 self.completed_order.retain(|s| !body.contains(s));
             }
-            EpisodeEvent::ChildRunLinked { step, child_run, child_version, .. } => {
-                self.step_mut(step).child =
-                    Some(ChildLink { run: child_run.clone(), version: *child_version, finished: None });
+            EpisodeEvent::ChildRunLinked {
+                step,
+                child_run,
+                child_version,
+                ..
+            } => {
+                self.step_mut(step).child = Some(ChildLink {
+                    run: child_run.clone(),
+                    version: *child_version,
+                    finished: None,
+                });
             }
-            EpisodeEvent::ChildRunFinished { step, status, output, .. } => {
+            EpisodeEvent::ChildRunFinished {
+                step,
+                status,
+                output,
+                ..
+            } => {
                 if let Some(c) = self.step_mut(step).child.as_mut() {
                     c.finished = Some((*status, output.clone()));
                 }
             }
-            EpisodeEvent::JudgmentRequested { step, request_id, request_hash, .. } => {
+            EpisodeEvent::JudgmentRequested {
+                step,
+                request_id,
+                request_hash,
+                ..
+            } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Waiting;
                 s.judgment = Some(JudgmentState {
@@ -412,8 +473,10 @@ pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Value {
                 Value::Array(w) => items.extend(w.iter().cloned()),
                 item => items.push(item.clone()),
             }
-            let mut keyed: Vec<(Vec<u8>, Value)> =
-                items.into_iter().map(|v| (crate::hash::canonical_json(&v), v)).collect();
+            let mut keyed: Vec<(Vec<u8>, Value)> = items
+                .into_iter()
+                .map(|v| (crate::hash::canonical_json(&v), v))
+                .collect();
             keyed.sort_by(|a, b| a.0.cmp(&b.0));
             keyed.dedup_by(|a, b| a.0 == b.0);
             Value::Array(keyed.into_iter().map(|(_, v)| v).collect())
@@ -435,8 +498,14 @@ pub fn refold(episode: &Episode) -> Result<RunState, FoldError> {
 pub enum RefoldMismatch {
     #[error("the episode does not fold: {0}")]
     Fold(#[from] FoldError),
-    #[error("refolding the episode gives a different state than the live run: first difference at `{path}`: live {live}, refolded {refolded}")]
-    Differs { path: String, live: String, refolded: String },
+    #[error(
+        "refolding the episode gives a different state than the live run: first difference at `{path}`: live {live}, refolded {refolded}"
+    )]
+    Differs {
+        path: String,
+        live: String,
+        refolded: String,
+    },
 }
 
 /// Checks that refolding `episode` gives exactly `live`.
@@ -448,14 +517,21 @@ pub fn assert_refold_identical(live: &RunState, episode: &Episode) -> Result<(),
     let a = serde_json::to_value(live).unwrap_or(Value::Null);
     let b = serde_json::to_value(&folded).unwrap_or(Value::Null);
     let (path, live, refolded) = first_difference(&a, &b, String::new());
-    Err(RefoldMismatch::Differs { path, live, refolded })
+    Err(RefoldMismatch::Differs {
+        path,
+        live,
+        refolded,
+    })
 }
 
 fn first_difference(a: &Value, b: &Value, path: String) -> (String, String, String) {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             for k in x.keys().chain(y.keys()) {
-                let (va, vb) = (x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null));
+                let (va, vb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
                 if va != vb {
                     return first_difference(va, vb, format!("{path}/{k}"));
                 }
@@ -470,7 +546,15 @@ fn first_difference(a: &Value, b: &Value, path: String) -> (String, String, Stri
         }
         _ => {}
     }
-    (if path.is_empty() { "/".to_owned() } else { path }, a.to_string(), b.to_string())
+    (
+        if path.is_empty() {
+            "/".to_owned()
+        } else {
+            path
+        },
+        a.to_string(),
+        b.to_string(),
+    )
 }
 
 #[cfg(test)]
@@ -481,15 +565,29 @@ mod tests {
     #[test]
     fn reducers() {
         assert_eq!(reduce(Reducer::Overwrite, &json!(1), &json!(2)), json!(2));
-        assert_eq!(reduce(Reducer::Append, &json!([1]), &json!(2)), json!([1, 2]));
-        assert_eq!(reduce(Reducer::Append, &json!([1]), &json!([2, 3])), json!([1, 2, 3]));
+        assert_eq!(
+            reduce(Reducer::Append, &json!([1]), &json!(2)),
+            json!([1, 2])
+        );
+        assert_eq!(
+            reduce(Reducer::Append, &json!([1]), &json!([2, 3])),
+            json!([1, 2, 3])
+        );
         assert_eq!(
             reduce(Reducer::Merge, &json!({"a": 1, "b": 1}), &json!({"b": 2})),
             json!({"a": 1, "b": 2})
         );
         // Union is order-independent: either order of two writes gives one value.
-        let ab = reduce(Reducer::Union, &reduce(Reducer::Union, &json!([]), &json!("b")), &json!("a"));
-        let ba = reduce(Reducer::Union, &reduce(Reducer::Union, &json!([]), &json!("a")), &json!("b"));
+        let ab = reduce(
+            Reducer::Union,
+            &reduce(Reducer::Union, &json!([]), &json!("b")),
+            &json!("a"),
+        );
+        let ba = reduce(
+            Reducer::Union,
+            &reduce(Reducer::Union, &json!([]), &json!("a")),
+            &json!("b"),
+        );
         assert_eq!(ab, ba);
         assert_eq!(reduce(Reducer::Union, &ab, &json!("a")), ab);
     }

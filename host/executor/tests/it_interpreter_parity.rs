@@ -17,12 +17,12 @@ use std::time::Duration;
 use executor::episode::{CallOutcome, EpisodeEvent};
 use executor::model::{Rule, ScriptedProvider};
 use executor::{
-    assert_refold_identical, normalize, structure, Episode, Executor, ExecutorConfig, RunOutcome,
-    StartOptions, StepStatus, SystemClock,
+    Episode, Executor, ExecutorConfig, RunOutcome, StartOptions, StepStatus, SystemClock,
+    assert_refold_identical, normalize, structure,
 };
 use poimen::armory::StoreArmory;
 use poimen::tools::SandboxTools;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use store::{IntentPhase, RunStatus, SqliteStore, Store};
 use workflow::*;
 
@@ -49,8 +49,15 @@ fn fixture(rel: &str) -> WorkflowDef {
 
 async fn harness(rules: Vec<Rule>) -> Harness {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("poimen.db")).await.expect("store"));
-    let mut b = sandbox::Host::builder().cache_dir(dir.path().join("cache"));
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("poimen.db"))
+            .await
+            .expect("store"),
+    );
+    // Compiled components are keyed by digest and engine settings: one cache
+    // for every test saves compiling the plugins again in each.
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-test-cache");
+    let mut b = sandbox::Host::builder().cache_dir(cache);
     for p in plugin_artifacts::BUNDLED {
         b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
     }
@@ -66,7 +73,13 @@ async fn harness(rules: Vec<Rule>) -> Harness {
         armory.clone(),
         ExecutorConfig::default(),
     );
-    Harness { _dir: dir, store, sandbox, armory, exec }
+    Harness {
+        _dir: dir,
+        store,
+        sandbox,
+        armory,
+        exec,
+    }
 }
 
 impl Harness {
@@ -76,7 +89,12 @@ impl Harness {
             .await
             .unwrap_or_else(|e| panic!("{} does not validate: {e:?}", def.id));
         self.store
-            .publish_version(store::NewVersion::of(def.id.clone(), canonical_bytes(def), None, 0))
+            .publish_version(store::NewVersion::of(
+                def.id.clone(),
+                canonical_bytes(def),
+                None,
+                0,
+            ))
             .await
             .expect("publish");
         self.armory.arm_validated(validated)
@@ -84,7 +102,10 @@ impl Harness {
 
     async fn run(&self, def: &WorkflowDef, input: Value) -> RunOutcome {
         let armed = self.publish(def).await;
-        self.exec.run(armed, input, StartOptions::default()).await.expect("run")
+        self.exec
+            .run(armed, input, StartOptions::default())
+            .await
+            .expect("run")
     }
 
     async fn episode(&self, run: &store::RunId) -> Episode {
@@ -118,24 +139,43 @@ impl Harness {
         let intents = self.store.intents(run).await.expect("intents");
         let mut phases: BTreeMap<(String, u32, u32), Vec<IntentPhase>> = BTreeMap::new();
         for i in &intents {
-            phases.entry((i.step.to_string(), i.iteration, i.attempt)).or_default().push(i.phase);
+            phases
+                .entry((i.step.to_string(), i.iteration, i.attempt))
+                .or_default()
+                .push(i.phase);
         }
         let mut calls = 0;
         for r in &episode.events {
-            if let EpisodeEvent::ToolCalled { step, iteration, attempt, reconciled: false, .. } = &r.event {
+            if let EpisodeEvent::ToolCalled {
+                step,
+                iteration,
+                attempt,
+                reconciled: false,
+                ..
+            } = &r.event
+            {
                 calls += 1;
                 let ps = phases
                     .get(&(step.to_string(), *iteration, *attempt))
-                    .unwrap_or_else(|| panic!("tool call {step}/{iteration}/{attempt} has no intent records"));
+                    .unwrap_or_else(|| {
+                        panic!("tool call {step}/{iteration}/{attempt} has no intent records")
+                    });
                 assert_eq!(ps.first(), Some(&IntentPhase::Pending), "{step}: {ps:?}");
                 assert!(ps.contains(&IntentPhase::Dispatched), "{step}: {ps:?}");
                 assert!(
-                    matches!(ps.last(), Some(IntentPhase::Committed | IntentPhase::Failed)),
+                    matches!(
+                        ps.last(),
+                        Some(IntentPhase::Committed | IntentPhase::Failed)
+                    ),
                     "{step}: {ps:?}"
                 );
             }
         }
-        assert_eq!(calls, phases.len(), "intent triples {phases:?} vs {calls} recorded tool calls");
+        assert_eq!(
+            calls,
+            phases.len(),
+            "intent triples {phases:?} vs {calls} recorded tool calls"
+        );
     }
 }
 
@@ -145,9 +185,14 @@ fn serialization_guard(episode: &Episode) {
     let mut open: Option<(String, u64, i64)> = None;
     for r in &episode.events {
         match &r.event {
-            EpisodeEvent::StepStarted { step, owner: None, .. } => {
+            EpisodeEvent::StepStarted {
+                step, owner: None, ..
+            } => {
                 if let Some((other, seq, _)) = &open {
-                    panic!("step `{step}` (event {}) started while `{other}` (started at event {seq}) was running", r.seq);
+                    panic!(
+                        "step `{step}` (event {}) started while `{other}` (started at event {seq}) was running",
+                        r.seq
+                    );
                 }
                 open = Some((step.to_string(), r.seq, r.at));
             }
@@ -169,7 +214,10 @@ fn tool(name: &str) -> ToolRef {
 }
 
 fn classify_rule() -> Rule {
-    Rule::contains("Classify this ticket", r#"{"label": "bug", "urgent": true}"#)
+    Rule::contains(
+        "Classify this ticket",
+        r#"{"label": "bug", "urgent": true}"#,
+    )
 }
 
 // ----------------------------------------------------- reference workflow
@@ -241,7 +289,11 @@ async fn interpreter_parity_with_the_golden_episode() {
 
     let hardcoded = hardcoded_reference();
     let yaml = fixture("reference/ticket.yaml");
-    assert_eq!(version_of(&hardcoded), version_of(&yaml), "the YAML twin must be the same workflow");
+    assert_eq!(
+        version_of(&hardcoded),
+        version_of(&yaml),
+        "the YAML twin must be the same workflow"
+    );
 
     let a = h.run(&hardcoded, json!({"ticket": TICKET})).await;
     assert_eq!(a.status, RunStatus::Completed, "{:?}", a.reason);
@@ -254,15 +306,24 @@ async fn interpreter_parity_with_the_golden_episode() {
     assert_eq!(structure(&ea), structure(&eb));
     assert_eq!(normalize(&ea), normalize(&eb));
     assert_eq!(a.output, b.output);
-    assert_eq!(a.output, Some(json!({"slug": "the-export-button-crashes-the-app-for-order-ord-1234-and-ord-99-", "words": 12})));
+    assert_eq!(
+        a.output,
+        Some(
+            json!({"slug": "the-export-button-crashes-the-app-for-order-ord-1234-and-ord-99-", "words": 12})
+        )
+    );
 
     // Against the committed golden structure of the hardcoded run.
     let lines = structure(&ea).join("\n") + "\n";
     if std::env::var_os("POIMEN_BLESS").is_some() {
         std::fs::write(golden_path(), &lines).expect("bless");
     }
-    let golden = std::fs::read_to_string(golden_path()).expect("golden episode (POIMEN_BLESS=1 writes it)");
-    assert_eq!(lines, golden, "episode structure differs from fixtures/reference/ticket.episode.txt");
+    let golden =
+        std::fs::read_to_string(golden_path()).expect("golden episode (POIMEN_BLESS=1 writes it)");
+    assert_eq!(
+        lines, golden,
+        "episode structure differs from fixtures/reference/ticket.episode.txt"
+    );
 }
 
 // ------------------------------------------------------------ step kinds
@@ -272,8 +333,13 @@ async fn interpreter_model_step_renders_prompt_and_records_partition_and_blobs()
     let h = harness(vec![Rule::contains("Summarize", "A short summary.")]).await;
     let def = WorkflowDef::new("t.model")
         .with_inputs(json!({"type": "object", "required": ["text"]}))
-        .with_step(StepDef::new("sum", ModelStep::new("Summarize: {{ inputs.text }}").with_system("Be brief.")));
-    let out = h.run(&def, json!({"text": "hello world", "unused": 1})).await;
+        .with_step(StepDef::new(
+            "sum",
+            ModelStep::new("Summarize: {{ inputs.text }}").with_system("Be brief."),
+        ));
+    let out = h
+        .run(&def, json!({"text": "hello world", "unused": 1}))
+        .await;
     assert_eq!(out.status, RunStatus::Completed);
     assert_eq!(out.output, Some(json!("A short summary.")));
     let ep = h.checked(&out).await;
@@ -281,9 +347,24 @@ async fn interpreter_model_step_renders_prompt_and_records_partition_and_blobs()
         .events
         .iter()
         .find_map(|r| match &r.event {
-            EpisodeEvent::ModelCalled { prompt, system, partition, output, text, usage, provider, .. } => {
-                Some((prompt.clone(), system.clone(), partition.clone(), output.clone(), text.clone(), *usage, provider.clone()))
-            }
+            EpisodeEvent::ModelCalled {
+                prompt,
+                system,
+                partition,
+                output,
+                text,
+                usage,
+                provider,
+                ..
+            } => Some((
+                prompt.clone(),
+                system.clone(),
+                partition.clone(),
+                output.clone(),
+                text.clone(),
+                *usage,
+                provider.clone(),
+            )),
             _ => None,
         })
         .expect("a model_called event");
@@ -293,11 +374,29 @@ async fn interpreter_model_step_renders_prompt_and_records_partition_and_blobs()
     assert_eq!(partition, vec!["inputs.text".to_owned()]);
     // Prompt and output are content-addressed blobs in the store.
     let blob = |h: &str| h.parse::<store::BlobHash>().expect("blob hash");
-    let p = h.store.blob(&blob(&prompt)).await.expect("read").expect("prompt blob");
-    assert_eq!(String::from_utf8(p).expect("utf8"), "Summarize: hello world");
-    let s = h.store.blob(&blob(&system.expect("system blob"))).await.expect("read").expect("system blob");
+    let p = h
+        .store
+        .blob(&blob(&prompt))
+        .await
+        .expect("read")
+        .expect("prompt blob");
+    assert_eq!(
+        String::from_utf8(p).expect("utf8"),
+        "Summarize: hello world"
+    );
+    let s = h
+        .store
+        .blob(&blob(&system.expect("system blob")))
+        .await
+        .expect("read")
+        .expect("system blob");
     assert_eq!(s, b"Be brief.");
-    let o = h.store.blob(&blob(&output)).await.expect("read").expect("output blob");
+    let o = h
+        .store
+        .blob(&blob(&output))
+        .await
+        .expect("read")
+        .expect("output blob");
     assert_eq!(String::from_utf8(o).expect("utf8"), text);
     // Usage is recorded and charged.
     assert_eq!(usage.tokens_in, 3 + 2);
@@ -320,25 +419,52 @@ async fn interpreter_tool_step_is_a_first_class_step_with_three_intents() {
         .events
         .iter()
         .find_map(|r| match &r.event {
-            EpisodeEvent::ToolCalled { tool, args, record, idempotency_key, outcome: CallOutcome::Ok { .. }, .. } => {
-                Some((tool.clone(), args.clone(), record.clone(), idempotency_key.clone()))
-            }
+            EpisodeEvent::ToolCalled {
+                tool,
+                args,
+                record,
+                idempotency_key,
+                outcome: CallOutcome::Ok { .. },
+                ..
+            } => Some((
+                tool.clone(),
+                args.clone(),
+                record.clone(),
+                idempotency_key.clone(),
+            )),
             _ => None,
         })
         .expect("a tool_called event");
     // Identity, rendered arguments, the hostcall record.
     assert_eq!(tool_id.name, "text");
     assert!(tool_id.digest.starts_with("b3:"));
-    assert_eq!(args, json!({"op": "count", "pattern": "o", "text": "foo boo"}));
+    assert_eq!(
+        args,
+        json!({"op": "count", "pattern": "o", "text": "foo boo"})
+    );
     assert_eq!(record["tool"]["digest"], json!(tool_id.digest));
     assert_eq!(record["idempotency_key"], json!(key));
     assert_eq!(record["kind"], json!("tool"));
     // Exactly three intent records, in protocol order, with the same key.
     let intents = h.store.intents(&out.run).await.expect("intents");
     let phases: Vec<IntentPhase> = intents.iter().map(|i| i.phase).collect();
-    assert_eq!(phases, vec![IntentPhase::Pending, IntentPhase::Dispatched, IntentPhase::Committed]);
-    assert!(intents.iter().all(|i| i.idempotency_key == key && i.digest == tool_id.digest));
-    assert!(intents[2].record.is_some(), "the committed intent carries the hostcall record");
+    assert_eq!(
+        phases,
+        vec![
+            IntentPhase::Pending,
+            IntentPhase::Dispatched,
+            IntentPhase::Committed
+        ]
+    );
+    assert!(
+        intents
+            .iter()
+            .all(|i| i.idempotency_key == key && i.digest == tool_id.digest)
+    );
+    assert!(
+        intents[2].record.is_some(),
+        "the committed intent carries the hostcall record"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,7 +500,10 @@ async fn interpreter_parallel_branches_run_concurrently_and_join_all() {
     };
     let (a0, a1) = span("a");
     let (b0, b1) = span("b");
-    assert!(a0 < b1 && b0 < a1, "branches did not overlap: a {a0}..{a1}, b {b0}..{b1}");
+    assert!(
+        a0 < b1 && b0 < a1,
+        "branches did not overlap: a {a0}..{a1}, b {b0}..{b1}"
+    );
     assert!(ep.events.iter().any(|r| matches!(&r.event, EpisodeEvent::BranchesJoined { winners, losers, .. } if winners.len() == 2 && losers.is_empty())));
 }
 
@@ -392,7 +521,10 @@ async fn interpreter_parallel_join_any_takes_the_first_and_cancels_the_loser() {
     let out = h.run(&def, json!({})).await;
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     assert_eq!(out.output, Some(json!({"fast": "F"})));
-    assert_eq!(out.state.steps[&StepId::from("slow")].status, StepStatus::Lost);
+    assert_eq!(
+        out.state.steps[&StepId::from("slow")].status,
+        StepStatus::Lost
+    );
     let ep = h.checked(&out).await;
     assert!(ep.events.iter().any(|r| matches!(&r.event,
         EpisodeEvent::BranchesJoined { winners, losers, .. }
@@ -403,13 +535,18 @@ async fn interpreter_parallel_join_any_takes_the_first_and_cancels_the_loser() {
 async fn interpreter_cancel_mid_fanout_terminates_every_branch() {
     let h = harness(vec![]).await;
     // Both branches call a guest that spins until interrupted.
-    let spin = |id: &str| StepDef::tool(id, tool("adv-spin"), json!({})).with_timeout(Millis(600_000));
+    let spin =
+        |id: &str| StepDef::tool(id, tool("adv-spin"), json!({})).with_timeout(Millis(600_000));
     let def = WorkflowDef::new("t.cancel")
         .with_step(StepDef::parallel("fan", ["a", "b"]))
         .with_step(spin("a"))
         .with_step(spin("b"));
     let armed = h.publish(&def).await;
-    let started = h.exec.start(armed, json!({}), StartOptions::default()).await.expect("start");
+    let started = h
+        .exec
+        .start(armed, json!({}), StartOptions::default())
+        .await
+        .expect("start");
     let exec = h.exec.clone();
     let run = started.run.clone();
     let driver = tokio::spawn(async move { exec.resume(&run).await });
@@ -420,7 +557,11 @@ async fn interpreter_cancel_mid_fanout_terminates_every_branch() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(h.sandbox.in_flight(), 2, "both branches should be running their guest");
+    assert_eq!(
+        h.sandbox.in_flight(),
+        2,
+        "both branches should be running their guest"
+    );
     let rec = h.exec.cancel(&started.run, "test").await.expect("cancel");
     assert_eq!(rec.status, RunStatus::Cancelled);
     let out = driver.await.expect("driver").expect("outcome");
@@ -428,7 +569,11 @@ async fn interpreter_cancel_mid_fanout_terminates_every_branch() {
     // Every guest was interrupted, every branch recorded as cancelled, no intent dangles.
     assert_eq!(h.sandbox.in_flight(), 0);
     for b in ["a", "b"] {
-        assert_eq!(out.state.steps[&StepId::from(b)].status, StepStatus::Cancelled, "branch {b}");
+        assert_eq!(
+            out.state.steps[&StepId::from(b)].status,
+            StepStatus::Cancelled,
+            "branch {b}"
+        );
     }
     h.checked(&out).await;
 }
@@ -438,8 +583,16 @@ async fn interpreter_conditional_takes_both_arms_and_repeats_its_choice() {
     let h = harness(vec![]).await;
     let def = WorkflowDef::new("t.cond")
         .with_step(StepDef::conditional("pick", "inputs.n > 3", "big").with_otherwise("small"))
-        .with_step(StepDef::tool("big", tool("json@^0.1"), json!({"value": "big", "select": ""})))
-        .with_step(StepDef::tool("small", tool("json@^0.1"), json!({"value": "small", "select": ""})));
+        .with_step(StepDef::tool(
+            "big",
+            tool("json@^0.1"),
+            json!({"value": "big", "select": ""}),
+        ))
+        .with_step(StepDef::tool(
+            "small",
+            tool("json@^0.1"),
+            json!({"value": "small", "select": ""}),
+        ));
     let mut outcomes = Vec::new();
     for n in [5, 1, 5, 1] {
         let out = h.run(&def, json!({"n": n})).await;
@@ -449,14 +602,22 @@ async fn interpreter_conditional_takes_both_arms_and_repeats_its_choice() {
             .events
             .iter()
             .find_map(|r| match &r.event {
-                EpisodeEvent::ConditionEvaluated { result, chosen, .. } => Some((*result, chosen.clone())),
+                EpisodeEvent::ConditionEvaluated { result, chosen, .. } => {
+                    Some((*result, chosen.clone()))
+                }
                 _ => None,
             })
             .expect("condition evaluated");
         outcomes.push((chosen, out.output.clone()));
     }
-    assert_eq!(outcomes[0], (( true, Some(StepId::from("big"))), Some(json!("big"))));
-    assert_eq!(outcomes[1], ((false, Some(StepId::from("small"))), Some(json!("small"))));
+    assert_eq!(
+        outcomes[0],
+        ((true, Some(StepId::from("big"))), Some(json!("big")))
+    );
+    assert_eq!(
+        outcomes[1],
+        ((false, Some(StepId::from("small"))), Some(json!("small")))
+    );
     // The same input gives the same predicate outcome on a second run.
     assert_eq!(outcomes[0], outcomes[2]);
     assert_eq!(outcomes[1], outcomes[3]);
@@ -471,8 +632,10 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
         json!({"value": {"got": "{{ inputs.x }}"}, "select": ""}),
     ));
     h.publish(&child).await;
-    let parent = WorkflowDef::new("t.parent")
-        .with_step(StepDef::new("call", SubWorkflowStep::new("t.child").with_input(json!({"x": "{{ inputs.x }}"}))));
+    let parent = WorkflowDef::new("t.parent").with_step(StepDef::new(
+        "call",
+        SubWorkflowStep::new("t.child").with_input(json!({"x": "{{ inputs.x }}"})),
+    ));
     let out = h.run(&parent, json!({"x": 7})).await;
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     assert_eq!(out.output, Some(json!({"got": 7})));
@@ -481,45 +644,78 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
         .events
         .iter()
         .find_map(|r| match &r.event {
-            EpisodeEvent::ChildRunLinked { child_run, child_version, .. } => Some((child_run.clone(), *child_version)),
+            EpisodeEvent::ChildRunLinked {
+                child_run,
+                child_version,
+                ..
+            } => Some((child_run.clone(), *child_version)),
             _ => None,
         })
         .expect("child linked");
     assert_eq!(child_version, version_of(&child));
     // The child points back at its parent.
     let child_id = store::RunId::parse(&child_run).expect("run id");
-    let rec = h.store.run(&child_id).await.expect("read").expect("child run");
+    let rec = h
+        .store
+        .run(&child_id)
+        .await
+        .expect("read")
+        .expect("child run");
     assert_eq!(rec.parent, Some((out.run.clone(), StepId::from("call"))));
     let cep = h.episode(&child_id).await;
-    assert!(matches!(&cep.events[0].event, EpisodeEvent::RunStarted { parent: Some(p), .. } if p.run == out.run.as_str()));
+    assert!(
+        matches!(&cep.events[0].event, EpisodeEvent::RunStarted { parent: Some(p), .. } if p.run == out.run.as_str())
+    );
 
     // Past the kernel's bound: rejected at load, nothing executed.
     let depth = 12;
     let mut prev: Option<WorkflowDef> = None;
     for i in 0..depth {
         let def = match &prev {
-            None => WorkflowDef::new(format!("t.d{i}")).with_step(StepDef::tool("leaf", tool("json@^0.1"), json!({"value": 1, "select": ""}))),
-            Some(p) => WorkflowDef::new(format!("t.d{i}")).with_step(StepDef::sub_workflow("down", p.id.clone())),
+            None => WorkflowDef::new(format!("t.d{i}")).with_step(StepDef::tool(
+                "leaf",
+                tool("json@^0.1"),
+                json!({"value": 1, "select": ""}),
+            )),
+            Some(p) => WorkflowDef::new(format!("t.d{i}"))
+                .with_step(StepDef::sub_workflow("down", p.id.clone())),
         };
         // Publish without validation (as a store filled by an older host might be).
         h.store
-            .publish_version(store::NewVersion::of(def.id.clone(), canonical_bytes(&def), None, 0))
+            .publish_version(store::NewVersion::of(
+                def.id.clone(),
+                canonical_bytes(&def),
+                None,
+                0,
+            ))
             .await
             .expect("publish");
         prev = Some(def);
     }
     let top = prev.expect("top");
-    let before = h.store.list_runs(store::RunFilter::default()).await.expect("runs").len();
+    let before = h
+        .store
+        .list_runs(store::RunFilter::default())
+        .await
+        .expect("runs")
+        .len();
     match poimen::check(&*h.store, &h.sandbox, &top).await {
         Err(poimen::CheckError::Invalid(errors)) => {
             assert!(
-                errors.iter().any(|e| matches!(e, ValidationError::SubWorkflowTooDeep { .. })),
+                errors
+                    .iter()
+                    .any(|e| matches!(e, ValidationError::SubWorkflowTooDeep { .. })),
                 "{errors:?}"
             );
         }
         other => panic!("a chain {depth} deep must be rejected at load, got {other:?}"),
     }
-    let after = h.store.list_runs(store::RunFilter::default()).await.expect("runs").len();
+    let after = h
+        .store
+        .list_runs(store::RunFilter::default())
+        .await
+        .expect("runs")
+        .len();
     assert_eq!(before, after, "no run was created");
 }
 
@@ -558,7 +754,10 @@ async fn interpreter_judgment_pauses_and_resumes() {
         h.exec.submit_judgment(j.id.as_str(), bad).await,
         Err(executor::ExecError::RequestHashMismatch { .. })
     ));
-    assert_eq!(h.exec.status(&out.run).await.expect("status").status, RunStatus::WaitingJudgment);
+    assert_eq!(
+        h.exec.status(&out.run).await.expect("status").status,
+        RunStatus::WaitingJudgment
+    );
     let good = executor::JudgmentSubmission {
         request_hash: j.request_hash.clone(),
         result: json!({"approved": true}),
@@ -566,7 +765,11 @@ async fn interpreter_judgment_pauses_and_resumes() {
         profile: None,
         provenance: json!({"judge": "ana"}),
     };
-    let done = h.exec.submit_judgment(j.id.as_str(), good).await.expect("submit");
+    let done = h
+        .exec
+        .submit_judgment(j.id.as_str(), good)
+        .await
+        .expect("submit");
     assert_eq!(done.status, RunStatus::Completed, "{:?}", done.reason);
     assert_eq!(done.output, Some(json!({"approved": true})));
     h.checked(&done).await;
@@ -584,7 +787,11 @@ async fn interpreter_verifier_rejections_retry_serially_then_fail_the_run() {
     );
     let out = h.run(&def, json!({})).await;
     assert_eq!(out.status, RunStatus::Failed);
-    assert!(out.reason.as_deref().unwrap_or("").contains("pick"), "{:?}", out.reason);
+    assert!(
+        out.reason.as_deref().unwrap_or("").contains("pick"),
+        "{:?}",
+        out.reason
+    );
     let ep = h.checked(&out).await;
     let attempts: Vec<u32> = ep
         .events
@@ -595,7 +802,10 @@ async fn interpreter_verifier_rejections_retry_serially_then_fail_the_run() {
         })
         .collect();
     assert_eq!(attempts, vec![1, 2, 3]);
-    assert_eq!(out.state.steps[&StepId::from("pick")].status, StepStatus::Failed);
+    assert_eq!(
+        out.state.steps[&StepId::from("pick")].status,
+        StepStatus::Failed
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -603,10 +813,26 @@ async fn interpreter_bounded_loop_runs_its_body_again() {
     let h = harness(vec![]).await;
     let def = WorkflowDef::new("t.loop")
         .with_state("marks", StateDecl::reduced(Reducer::Append))
-        .with_step(StepDef::tool("mark", tool("json@^0.1"), json!({"value": "x", "select": ""})).with_writes("marks"))
-        .with_step(StepDef::tool("check", tool("json@^0.1"), json!({"value": "{{ state.marks }}", "select": ""})))
+        .with_step(
+            StepDef::tool(
+                "mark",
+                tool("json@^0.1"),
+                json!({"value": "x", "select": ""}),
+            )
+            .with_writes("marks"),
+        )
+        .with_step(StepDef::tool(
+            "check",
+            tool("json@^0.1"),
+            json!({"value": "{{ state.marks }}", "select": ""}),
+        ))
         .with_edge("mark", "check")
-        .with_loop("check", "mark", std::num::NonZeroU32::new(2).expect("nonzero"), Some("size(state.marks) < 10"));
+        .with_loop(
+            "check",
+            "mark",
+            std::num::NonZeroU32::new(2).expect("nonzero"),
+            Some("size(state.marks) < 10"),
+        );
     let out = h.run(&def, json!({})).await;
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     // The body ran 1 + 2 times.
@@ -617,14 +843,23 @@ async fn interpreter_bounded_loop_runs_its_body_again() {
         .events
         .iter()
         .filter_map(|r| match &r.event {
-            EpisodeEvent::StepStarted { step, iteration, .. } if step.as_str() == "mark" => Some(*iteration),
+            EpisodeEvent::StepStarted {
+                step, iteration, ..
+            } if step.as_str() == "mark" => Some(*iteration),
             _ => None,
         })
         .collect();
     assert_eq!(iterations, vec![1, 2, 3]);
     // Each iteration had its own idempotency key.
-    let keys: std::collections::BTreeSet<String> =
-        h.store.intents(&out.run).await.expect("intents").into_iter().filter(|i| i.step.as_str() == "mark").map(|i| i.idempotency_key).collect();
+    let keys: std::collections::BTreeSet<String> = h
+        .store
+        .intents(&out.run)
+        .await
+        .expect("intents")
+        .into_iter()
+        .filter(|i| i.step.as_str() == "mark")
+        .map(|i| i.idempotency_key)
+        .collect();
     assert_eq!(keys.len(), 3);
 }
 
@@ -633,13 +868,23 @@ async fn interpreter_budget_exceeded_fails_the_run_with_its_reason() {
     let h = harness(vec![]).await;
     let step = |id: &str| StepDef::tool(id, tool("json@^0.1"), json!({"value": 1, "select": ""}));
     let def = WorkflowDef::new("t.budget")
-        .with_budget(BudgetDef { tool_calls: Some(1), ..Default::default() })
+        .with_budget(BudgetDef {
+            tool_calls: Some(1),
+            ..Default::default()
+        })
         .with_step(step("one"))
         .with_step(step("two"))
         .with_edge("one", "two");
     let out = h.run(&def, json!({})).await;
     assert_eq!(out.status, RunStatus::Failed);
-    assert!(out.reason.as_deref().unwrap_or("").contains("budget exceeded"), "{:?}", out.reason);
+    assert!(
+        out.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("budget exceeded"),
+        "{:?}",
+        out.reason
+    );
     h.checked(&out).await;
 }
 
@@ -648,10 +893,18 @@ async fn interpreter_ephemeral_workflow_runs_in_memory_only() {
     let h = harness(vec![]).await;
     let def = WorkflowDef::new("t.ephemeral")
         .with_durable(false)
-        .with_step(StepDef::tool("one", tool("json@^0.1"), json!({"value": 1, "select": ""})));
+        .with_step(StepDef::tool(
+            "one",
+            tool("json@^0.1"),
+            json!({"value": 1, "select": ""}),
+        ));
     let out = h.run(&def, json!({})).await;
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
-    assert_eq!(h.store.run(&out.run).await.expect("read"), None, "nothing in the durable store");
+    assert_eq!(
+        h.store.run(&out.run).await.expect("read"),
+        None,
+        "nothing in the durable store"
+    );
     let ep = h.exec.episode(&out.run).await.expect("episode from memory");
     assert_refold_identical(&out.state, &ep).expect("refold");
 }
@@ -660,10 +913,29 @@ async fn interpreter_ephemeral_workflow_runs_in_memory_only() {
 async fn interpreter_bad_input_is_refused_before_a_run_exists() {
     let h = harness(vec![]).await;
     let def = WorkflowDef::new("t.input")
-        .with_inputs(json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
-        .with_step(StepDef::tool("one", tool("json@^0.1"), json!({"value": "{{ inputs.n }}", "select": ""})));
+        .with_inputs(
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+        )
+        .with_step(StepDef::tool(
+            "one",
+            tool("json@^0.1"),
+            json!({"value": "{{ inputs.n }}", "select": ""}),
+        ));
     let armed = h.publish(&def).await;
-    let err = h.exec.run(armed, json!({"n": "seven"}), StartOptions::default()).await.expect_err("refused");
-    assert!(matches!(err, executor::ExecError::InvalidInput { .. }), "{err}");
-    assert!(h.store.list_runs(store::RunFilter::default()).await.expect("runs").is_empty());
+    let err = h
+        .exec
+        .run(armed, json!({"n": "seven"}), StartOptions::default())
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, executor::ExecError::InvalidInput { .. }),
+        "{err}"
+    );
+    assert!(
+        h.store
+            .list_runs(store::RunFilter::default())
+            .await
+            .expect("runs")
+            .is_empty()
+    );
 }

@@ -20,8 +20,8 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use sandbox::{Host, ToolCall};
 use serde_json::json;
-use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::Store;
+use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 mod bare {

@@ -96,11 +96,39 @@ mod tests {
     fn matches_serde_json_canonicalizer() {
         for v in [
             json!(null),
-            json!([true, false, 0, -0.0, 1, -1, 100.0, 1e2, 1.5, -2.25e-7, 1e21, 1e-7, 123456789012.0]),
-            json!([9007199254740992_u64, 9007199254740993_u64, u64::MAX, i64::MIN, -9007199254740992_i64, -9007199254740993_i64]),
+            json!([
+                true,
+                false,
+                0,
+                -0.0,
+                1,
+                -1,
+                100.0,
+                1e2,
+                1.5,
+                -2.25e-7,
+                1e21,
+                1e-7,
+                123456789012.0
+            ]),
+            json!([
+                9007199254740992_u64,
+                9007199254740993_u64,
+                u64::MAX,
+                i64::MIN,
+                -9007199254740992_i64,
+                -9007199254740993_i64
+            ]),
             json!({"b": 1, "a": {"z": [], "y": {}}, "": "empty key", "aa": null}),
             json!({"é": 1, "e": 2, "\u{10000}": 3, "\u{ffff}": 4, "Z": 5, "a\"b": 6}),
-            json!(["\"quoted\"", "back\\slash", "\u{0}\u{1f}\u{7f}\n\t\r\u{8}\u{c}", "\u{2028}\u{2029}", "😀", "plain"]),
+            json!([
+                "\"quoted\"",
+                "back\\slash",
+                "\u{0}\u{1f}\u{7f}\n\t\r\u{8}\u{c}",
+                "\u{2028}\u{2029}",
+                "😀",
+                "plain"
+            ]),
             json!({"nested": [{"k": [1, {"b": 2, "a": 1}]}]}),
         ] {
             same(&v);
@@ -127,7 +155,14 @@ mod tests {
                 4 => Value::String(keys[(next() % 9) as usize].repeat((next() % 3) as usize)),
                 5 => Value::Array((0..next() % 4).map(|_| generate(next, depth + 1)).collect()),
                 _ => Value::Object(
-                    (0..next() % 5).map(|_| (keys[(next() % 9) as usize].to_owned(), generate(next, depth + 1))).collect(),
+                    (0..next() % 5)
+                        .map(|_| {
+                            (
+                                keys[(next() % 9) as usize].to_owned(),
+                                generate(next, depth + 1),
+                            )
+                        })
+                        .collect(),
                 ),
             }
         }

@@ -298,7 +298,11 @@ impl HostBuilder {
 impl std::fmt::Debug for HostBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The component bytes are megabytes: show where they came from.
-        let components: Vec<(&str, usize)> = self.components.iter().map(|(o, b)| (o.as_str(), b.len())).collect();
+        let components: Vec<(&str, usize)> = self
+            .components
+            .iter()
+            .map(|(o, b)| (o.as_str(), b.len()))
+            .collect();
         f.debug_struct("HostBuilder")
             .field("cache_dir", &self.cache_dir)
             .field("policy", &self.policy)
@@ -504,7 +508,9 @@ impl CanonicalText for Value {
 
 impl CanonicalText for Verdict {
     fn canonical_text(&self) -> String {
-        serde_json::to_value(self).map(|v| v.canonical_text()).unwrap_or_default()
+        serde_json::to_value(self)
+            .map(|v| v.canonical_text())
+            .unwrap_or_default()
     }
 }
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use workflow::ReasoningEffort;
 
 use crate::effects::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, Usage};
@@ -45,7 +45,10 @@ pub struct OpenAiCompatible {
 
 impl OpenAiCompatible {
     pub fn new(config: OpenAiConfig) -> OpenAiCompatible {
-        OpenAiCompatible { config, client: reqwest::Client::new() }
+        OpenAiCompatible {
+            config,
+            client: reqwest::Client::new(),
+        }
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -87,7 +90,10 @@ impl ModelProvider for OpenAiCompatible {
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, Failure> {
-        let url = format!("{}/chat/completions", self.config.base_url.trim_end_matches('/'));
+        let url = format!(
+            "{}/chat/completions",
+            self.config.base_url.trim_end_matches('/')
+        );
         let mut req = self.client.post(&url).json(&self.body(&request));
         if request.timeout > Duration::ZERO {
             req = req.timeout(request.timeout);
@@ -96,12 +102,22 @@ impl ModelProvider for OpenAiCompatible {
             req = req.bearer_auth(key);
         }
         let resp = req.send().await.map_err(|e| {
-            let class = if e.is_timeout() { FailureClass::Timeout } else { FailureClass::Unavailable };
-            Failure::new(class, format!("the model endpoint {url} could not be reached: {e}"))
+            let class = if e.is_timeout() {
+                FailureClass::Timeout
+            } else {
+                FailureClass::Unavailable
+            };
+            Failure::new(
+                class,
+                format!("the model endpoint {url} could not be reached: {e}"),
+            )
         })?;
         let status = resp.status();
         let text = resp.text().await.map_err(|e| {
-            Failure::new(FailureClass::Unavailable, format!("the model endpoint {url} broke off its answer: {e}"))
+            Failure::new(
+                FailureClass::Unavailable,
+                format!("the model endpoint {url} broke off its answer: {e}"),
+            )
         })?;
         if !status.is_success() {
             let class = if status.is_server_error() || status.as_u16() == 429 {
@@ -111,7 +127,10 @@ impl ModelProvider for OpenAiCompatible {
             };
             return Err(Failure::new(
                 class,
-                format!("the model endpoint {url} answered {status}: {}", text.chars().take(300).collect::<String>()),
+                format!(
+                    "the model endpoint {url} answered {status}: {}",
+                    text.chars().take(300).collect::<String>()
+                ),
             ));
         }
         parse_completion(&text).map_err(|why| {
@@ -133,12 +152,19 @@ pub(crate) fn parse_completion(body: &str) -> Result<ModelResponse, String> {
         .pointer("/choices/0/message/content")
         .and_then(Value::as_str)
         .ok_or("no choices[0].message.content")?;
-    let model = v.get("model").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let model = v
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
     Ok(ModelResponse {
         text: content.to_owned(),
         model,
-        usage: Usage { tokens_in: n("/usage/prompt_tokens"), tokens_out: n("/usage/completion_tokens") },
+        usage: Usage {
+            tokens_in: n("/usage/prompt_tokens"),
+            tokens_out: n("/usage/completion_tokens"),
+        },
     })
 }
 
@@ -153,7 +179,13 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(ok.text, "hi");
-        assert_eq!(ok.usage, Usage { tokens_in: 3, tokens_out: 1 });
+        assert_eq!(
+            ok.usage,
+            Usage {
+                tokens_in: 3,
+                tokens_out: 1
+            }
+        );
         assert!(parse_completion("<html>bad gateway</html>").is_err());
         assert!(parse_completion(r#"{"choices":[]}"#).is_err());
     }

@@ -33,7 +33,12 @@ pub struct Rule {
 impl Rule {
     /// Answers `answer` to prompts containing `when`.
     pub fn contains(when: impl Into<String>, answer: impl Into<String>) -> Rule {
-        Rule { when: when.into(), answer: answer.into(), delay_ms: 0, fail: None }
+        Rule {
+            when: when.into(),
+            answer: answer.into(),
+            delay_ms: 0,
+            fail: None,
+        }
     }
 
     /// The same rule, answering after a delay.
@@ -46,7 +51,9 @@ impl Rule {
 /// Why a script file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ScriptError {
-    #[error("the model script is not valid JSON or YAML rules ({0}); write a list like [{{\"when\": \"classify\", \"answer\": \"spam\"}}]")]
+    #[error(
+        "the model script is not valid JSON or YAML rules ({0}); write a list like [{{\"when\": \"classify\", \"answer\": \"spam\"}}]"
+    )]
     Parse(String),
 }
 
@@ -59,12 +66,16 @@ pub struct ScriptedProvider {
 
 impl ScriptedProvider {
     pub fn new(rules: Vec<Rule>) -> ScriptedProvider {
-        ScriptedProvider { rules, model: "scripted".to_owned() }
+        ScriptedProvider {
+            rules,
+            model: "scripted".to_owned(),
+        }
     }
 
     /// Rules from a JSON document (a list of [`Rule`]).
     pub fn from_json(text: &str) -> Result<ScriptedProvider, ScriptError> {
-        let rules: Vec<Rule> = serde_json::from_str(text).map_err(|e| ScriptError::Parse(e.to_string()))?;
+        let rules: Vec<Rule> =
+            serde_json::from_str(text).map_err(|e| ScriptError::Parse(e.to_string()))?;
         Ok(ScriptedProvider::new(rules))
     }
 }
@@ -97,13 +108,19 @@ impl ModelProvider for ScriptedProvider {
             tokio::time::sleep(Duration::from_millis(rule.delay_ms)).await;
         }
         if let Some(class) = rule.fail {
-            return Err(Failure::new(class, format!("scripted failure for prompts containing `{}`", rule.when)));
+            return Err(Failure::new(
+                class,
+                format!("scripted failure for prompts containing `{}`", rule.when),
+            ));
         }
         let tokens_in = words(&request.prompt) + request.system.as_deref().map_or(0, words);
         Ok(ModelResponse {
             text: rule.answer.clone(),
             model: request.model.unwrap_or_else(|| self.model.clone()),
-            usage: Usage { tokens_in, tokens_out: words(&rule.answer) },
+            usage: Usage {
+                tokens_in,
+                tokens_out: words(&rule.answer),
+            },
         })
     }
 }

@@ -238,21 +238,12 @@ pub(crate) fn scan_simple_with(src: &str, f: &mut impl FnMut(&[&str])) -> bool {
 /// minijinja). Exact for what it accepts: such a template always compiles,
 /// and reads exactly these paths.
 pub(crate) fn scan_simple(src: &str) -> Option<Vec<Vec<String>>> {
-    if src.contains("{%") || src.contains("{#") {
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    let simple = scan_simple_with(src, &mut |p: &[&str]| {
+        paths.push(p.iter().map(|s| (*s).to_owned()).collect())
+    });
+    if !simple {
         return None;
-    }
-    let mut paths = Vec::new();
-    let mut rest = src;
-    while let Some(open) = rest.find("{{") {
-        let after = &rest[open + 2..];
-        let close = after.find("}}")?;
-        let inner = after[..close].trim_matches(|c: char| c == ' ' || c == '\t');
-        let segs: Vec<&str> = inner.split('.').collect();
-        if segs.iter().any(|s| !is_ident(s)) || !ROOTS.contains(&segs[0]) {
-            return None;
-        }
-        paths.push(segs.iter().map(|s| (*s).to_owned()).collect());
-        rest = &after[close + 2..];
     }
     paths.sort();
     paths.dedup();
