@@ -210,13 +210,16 @@ impl HostBuilder {
             StoreChoice::Sqlite(path) => Arc::new(SqliteStore::open(path.clone()).await?),
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
         };
-        let mut sb = sandbox::Host::builder();
+        // A plugin whose declared capabilities the policy does not grant is
+        // withheld, not fatal: the host starts, `plugin list` shows why, and a
+        // workflow that uses it is rejected at load naming the capability.
+        let mut sb = sandbox::Host::builder().withhold_ungranted(true);
         if let Some(dir) = &self.cache_dir {
             sb = sb.cache_dir(dir.clone());
-        } else if let StoreChoice::Sqlite(path) = &self.store {
-            if let Some(parent) = path.parent() {
-                sb = sb.cache_dir(parent.join("cache"));
-            }
+        } else if let StoreChoice::Sqlite(path) = &self.store
+            && let Some(parent) = path.parent()
+        {
+            sb = sb.cache_dir(parent.join("cache"));
         }
         if let Some(p) = &self.policy {
             sb = sb.policy_file(p.clone());
@@ -767,6 +770,12 @@ impl Host {
     /// Registered verifiers.
     pub fn verifiers(&self) -> Vec<sandbox::Entry> {
         self.inner.sandbox.verifiers().list()
+    }
+
+    /// Installed plugins withheld because the policy does not grant a
+    /// capability they declare, each with the reason and how to grant it.
+    pub fn withheld_plugins(&self) -> Vec<sandbox::WithheldEntry> {
+        self.inner.sandbox.withheld()
     }
 
     /// What a component says and imports, without registering it.

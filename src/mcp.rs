@@ -141,12 +141,24 @@ impl PoimenMcp {
                         "kind": e.kind, "name": e.info.name, "version": e.info.version.to_string(),
                         "digest": e.info.digest, "description": e.info.description, "effect": e.info.effect,
                         "capabilities": e.info.capabilities, "shadow_eligible": e.eligibility.is_ok(),
-                        "input_schema": e.info.input_schema,
+                        "input_schema": e.info.input_schema, "status": "ready",
                     })
                 };
-                let tools: Vec<Value> = self.host.tools().into_iter().map(describe).collect();
-                let verifiers: Vec<Value> =
+                let mut tools: Vec<Value> = self.host.tools().into_iter().map(describe).collect();
+                let mut verifiers: Vec<Value> =
                     self.host.verifiers().into_iter().map(describe).collect();
+                for w in self.host.withheld_plugins() {
+                    let row = json!({
+                        "kind": w.kind, "name": w.info.name, "version": w.info.version.to_string(),
+                        "digest": w.info.digest, "description": w.info.description, "effect": w.info.effect,
+                        "capabilities": w.info.capabilities, "shadow_eligible": false,
+                        "input_schema": w.info.input_schema, "status": "withheld", "withheld": w.reason,
+                    });
+                    match w.kind {
+                        sandbox::PluginKind::Tool => tools.push(row),
+                        sandbox::PluginKind::Verifier => verifiers.push(row),
+                    }
+                }
                 Ok(json!({"tools": tools, "verifiers": verifiers}))
             }
             "workflow_plan" => {

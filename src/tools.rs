@@ -52,6 +52,12 @@ fn failure(e: InvokeError) -> Failure {
 }
 
 fn unresolved(what: &str, r: &ToolRef, u: Unresolved) -> Failure {
+    if let Some(reason) = u.withheld {
+        return Failure::new(
+            FailureClass::Unavailable,
+            format!("{what} `{r}` is installed but withheld: {reason}"),
+        );
+    }
     let mut msg = format!("{what} `{r}` is not registered (searched {})", u.registry);
     if !u.available_versions.is_empty() {
         msg.push_str(&format!(

@@ -423,7 +423,7 @@ async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> R
                         if eligible { ", shadow-eligible" } else { "" }
                     );
                 }
-                report.push(json!({"file": f, "valid": !(shadow && !eligible), "version": loaded.version, "eligibility": v.eligibility()}));
+                report.push(json!({"file": f, "valid": !shadow || eligible, "version": loaded.version, "eligibility": v.eligibility()}));
             }
             Err(poimen::Error::Invalid { errors, .. }) => {
                 code = code.max(exit::INVALID);
@@ -559,10 +559,10 @@ async fn run_verb(
     key: Option<String>,
 ) -> Result<u8> {
     let target = Target::parse(target);
-    if let Target::File(p) = &target {
-        if !p.exists() {
-            return Err(Usage(format!("{} does not exist", p.display())).into());
-        }
+    if let Target::File(p) = &target
+        && !p.exists()
+    {
+        return Err(Usage(format!("{} does not exist", p.display())).into());
     }
     let run = host.start(&target, input, key).await?;
     let live = !g.json && std::io::stderr().is_terminal();
@@ -689,10 +689,10 @@ fn describe_event(e: &executor::EpisodeEvent) -> String {
                 "child_run",
                 "request_id",
             ] {
-                if let Some(x) = v.get(k) {
-                    if !x.is_null() {
-                        s.push_str(&format!(" {k}={x}"));
-                    }
+                if let Some(x) = v.get(k)
+                    && !x.is_null()
+                {
+                    s.push_str(&format!(" {k}={x}"));
                 }
             }
             s
@@ -809,6 +809,21 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                     "capabilities": e.info.capabilities,
                     "origin": e.origin,
                     "shadow_eligible": e.eligibility.is_ok(),
+                    "status": "ready",
+                }));
+            }
+            for w in host.withheld_plugins() {
+                rows.push(json!({
+                    "kind": w.kind,
+                    "name": w.info.name,
+                    "version": w.info.version.to_string(),
+                    "digest": w.info.digest,
+                    "effect": w.info.effect,
+                    "capabilities": w.info.capabilities,
+                    "origin": w.origin,
+                    "shadow_eligible": false,
+                    "status": "withheld",
+                    "withheld": w.reason,
                 }));
             }
             if g.json {
@@ -824,6 +839,9 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                         short(r["digest"].as_str().unwrap_or("")),
                         r["origin"].as_str().unwrap_or("")
                     );
+                    if let Some(why) = r["withheld"].as_str() {
+                        println!("{:<10} withheld: {why}", "");
+                    }
                 }
             }
             Ok(exit::OK)

@@ -79,7 +79,7 @@ fn run_json_status_episode_audit_resume() {
         json!("run_completed")
     );
     // It refolds to the state `status` shows.
-    let ep: executor::Episode = serde_json::from_value(episode).expect("episode");
+    let ep: executor::Episode = serde_json::from_value(episode.clone()).expect("episode");
     let state = executor::refold(&ep).expect("refold");
     assert_eq!(serde_json::to_value(&state).expect("json"), status["state"]);
 
@@ -506,6 +506,27 @@ fn plugin_list_inspect_add_call() {
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
+    // With no policy, plugins that declare capabilities are listed as
+    // withheld, with the capability and how to grant it.
+    let fs_read = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|p| p["name"] == json!("fs-read"))
+        .expect("fs-read listed");
+    assert_eq!(fs_read["status"], json!("withheld"));
+    let why = fs_read["withheld"].as_str().expect("reason");
+    assert!(why.contains("fs-read:") && why.contains("to grant it"), "{why}");
+    // A workflow that uses one is rejected at load, naming the grant.
+    let wf = env.write(
+        "uses-fs.yaml",
+        "id: t.uses_fs\nsteps:\n  - id: read\n    tool:\n      name: fs-read\n      args: {path: notes.txt}\n",
+    );
+    env.cmd()
+        .args(["validate", wf.to_str().expect("utf8")])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("withheld").and(predicate::str::contains("to grant it")));
 
     // inspect: the descriptor and the component's actual imports.
     let (code, inspected) = env.json(&["plugin", "inspect", plugin_artifacts::FS_READ]);

@@ -579,8 +579,8 @@ impl Executor {
                 &submission.profile,
             ),
         ] {
-            if let Some(Value::String(expected)) = expected {
-                if got.as_deref() != Some(expected.as_str()) {
+            if let Some(Value::String(expected)) = expected
+                && got.as_deref() != Some(expected.as_str()) {
                     return Err(ExecError::ExecutorMismatch {
                         id: id.to_owned(),
                         field,
@@ -588,7 +588,6 @@ impl Executor {
                         got: got.clone().unwrap_or_else(|| "(none)".into()),
                     });
                 }
-            }
         }
         match submission.provenance.get("judge") {
             Some(Value::String(j)) if !j.trim().is_empty() => {}

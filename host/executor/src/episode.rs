@@ -218,6 +218,9 @@ pub enum EpisodeEvent {
         output: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failure: Option<Failure>,
+        /// What was done, on what, with what result, when.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        receipt: Option<Receipt>,
     },
     /// A declared state key changed through its reducer.
     StateWritten {
@@ -376,6 +379,30 @@ pub struct Recorded {
     pub event: EpisodeEvent,
 }
 
+/// The receipt of one step execution: enough to say what acted, on which
+/// input, with which result, when, and on which attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The attempt that ended the execution (1-based; 0 when it stopped
+    /// before an attempt began).
+    pub attempt: u32,
+    /// `tool:NAME@VERSION DIGEST`, `model:PROVIDER/MODEL`, or the step kind
+    /// for steps that call nothing themselves (`parallel`, `conditional`,
+    /// `sub_workflow`, `judgment`).
+    pub action: String,
+    /// Blake3 of what the action consumed (tool arguments, prompt blob), if
+    /// it consumed anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_hash: Option<String>,
+    /// Blake3 of the canonical JSON of the step's output, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_hash: Option<String>,
+    /// Milliseconds since the Unix epoch (volatile).
+    pub started_at: i64,
+    /// Milliseconds since the Unix epoch (volatile).
+    pub finished_at: i64,
+}
+
 /// A run's events in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Episode {
@@ -434,6 +461,9 @@ pub const VOLATILE_FIELDS: &[&str] = &[
     "child_run",
     "request_id",
     "parent.run",
+    // when a step execution began and ended
+    "receipt.started_at",
+    "receipt.finished_at",
     // derived from the run id
     "idempotency_key",
     // measured durations
@@ -442,19 +472,83 @@ pub const VOLATILE_FIELDS: &[&str] = &[
 
 /// Fields of a hostcall record (inside `record` of tool and verifier calls)
 /// that are measured rather than determined.
-pub const VOLATILE_RECORD_FIELDS: &[&str] = &["wall_time_us", "idempotency_key"];
+pub const VOLATILE_RECORD_FIELDS: &[&str] = &[
+    "wall_time_us",
+    "idempotency_key",
+    // the guest's random seed derives from the idempotency key, and what a
+    // guest does with random numbers (a hash map's layout) moves its fuel
+    "fuel_consumed",
+];
 
 /// Placeholder written over a volatile field.
 pub const VOLATILE: &str = "<volatile>";
 
-/// The episode as JSON with exactly the [`VOLATILE_FIELDS`] (and
-/// [`VOLATILE_RECORD_FIELDS`] inside hostcall records) replaced by
-/// [`VOLATILE`]. Two runs of one workflow on one input normalize equal.
+/// The step an event is about, if any.
+fn event_step(event: &EpisodeEvent) -> Option<String> {
+    serde_json::to_value(event)
+        .ok()?
+        .get("step")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The positions of the episode's events in canonical order, each with
+/// whether it lies inside a fan-out.
+///
+/// Recorded order, except inside a fan-out — from a `branches_forked` to the
+/// matching `branches_joined` of the same step and iteration (or the end of
+/// the episode, if the run stopped mid-fan-out): there branches run
+/// concurrently and their events interleave in completion order, so the
+/// window's events are grouped by step id (ids sorted, each step's own
+/// events in recorded order). Only this order is the same from run to run.
+pub fn canonical_order(episode: &Episode) -> Vec<(usize, bool)> {
+    let events = &episode.events;
+    let mut out = Vec::with_capacity(events.len());
+    let mut i = 0;
+    while i < events.len() {
+        out.push((i, false));
+        if let EpisodeEvent::BranchesForked {
+            step, iteration, ..
+        } = &events[i].event
+        {
+            let end = events[i + 1..]
+                .iter()
+                .position(|r| {
+                    matches!(&r.event, EpisodeEvent::BranchesJoined { step: s, iteration: it, .. }
+                        if s == step && it == iteration)
+                })
+                .map_or(events.len(), |p| i + 1 + p);
+            let mut window: Vec<(String, usize)> = (i + 1..end)
+                .map(|k| (event_step(&events[k].event).unwrap_or_default(), k))
+                .collect();
+            // Stable: each step's events keep their recorded order.
+            window.sort_by(|a, b| a.0.cmp(&b.0));
+            out.extend(window.into_iter().map(|(_, k)| (k, true)));
+            if end < events.len() {
+                out.push((end, false));
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The episode as JSON, in [`canonical_order`], with exactly the
+/// [`VOLATILE_FIELDS`] (and [`VOLATILE_RECORD_FIELDS`] inside hostcall
+/// records) replaced by [`VOLATILE`] — and, inside a fan-out, `seq`, which
+/// there records completion order. Two runs of one workflow on one input
+/// normalize equal.
 pub fn normalize(episode: &Episode) -> Value {
     let mut events = Vec::with_capacity(episode.events.len());
-    for r in &episode.events {
+    for (k, in_fanout) in canonical_order(episode) {
+        let r = &episode.events[k];
         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
         blank(&mut v, VOLATILE_FIELDS);
+        if in_fanout {
+            blank(&mut v, &["seq"]);
+        }
         if let Some(obj) = v.as_object_mut() {
             if let Some(record) = obj.get_mut("record") {
                 blank(record, VOLATILE_RECORD_FIELDS);
@@ -487,12 +581,13 @@ fn blank(v: &mut Value, fields: &[&str]) {
     }
 }
 
-/// The episode's structure: per event its kind and step/iteration/attempt —
-/// what "identical episode structure" compares.
+/// The episode's structure: per event, in [`canonical_order`], its kind and
+/// step/iteration/attempt/status — what "identical episode structure"
+/// compares.
 pub fn structure(episode: &Episode) -> Vec<String> {
-    episode
-        .events
-        .iter()
+    canonical_order(episode)
+        .into_iter()
+        .map(|(k, _)| &episode.events[k])
         .map(|r| {
             let v = serde_json::to_value(&r.event).unwrap_or(Value::Null);
             let mut line = r.event.kind().to_owned();
@@ -508,4 +603,83 @@ pub fn structure(episode: &Episode) -> Vec<String> {
             line
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, event: EpisodeEvent) -> Recorded {
+        Recorded { seq, at: 0, event }
+    }
+
+    fn started(step: &str) -> EpisodeEvent {
+        EpisodeEvent::AttemptStarted {
+            step: StepId::from(step),
+            iteration: 1,
+            attempt: 1,
+        }
+    }
+
+    fn finished(step: &str) -> EpisodeEvent {
+        EpisodeEvent::AttemptFinished {
+            step: StepId::from(step),
+            iteration: 1,
+            attempt: 1,
+            failure: None,
+        }
+    }
+
+    fn fanout(order: [EpisodeEvent; 4]) -> Episode {
+        let p = StepId::from("p");
+        let mut events = vec![rec(
+            0,
+            EpisodeEvent::BranchesForked {
+                step: p.clone(),
+                iteration: 1,
+                branches: vec![StepId::from("a"), StepId::from("b")],
+                join: JoinPolicy::default(),
+            },
+        )];
+        for (i, e) in order.into_iter().enumerate() {
+            events.push(rec(i as u64 + 1, e));
+        }
+        events.push(rec(
+            5,
+            EpisodeEvent::BranchesJoined {
+                step: p,
+                iteration: 1,
+                winners: vec![StepId::from("a"), StepId::from("b")],
+                losers: vec![],
+                failed: vec![],
+            },
+        ));
+        events.push(rec(6, started("after")));
+        Episode {
+            run: "WFR-x".into(),
+            events,
+        }
+    }
+
+    #[test]
+    fn interleavings_of_one_fanout_have_one_structure_and_one_normal_form() {
+        let x = fanout([started("b"), started("a"), finished("a"), finished("b")]);
+        let y = fanout([started("a"), started("b"), finished("b"), finished("a")]);
+        assert_eq!(structure(&x), structure(&y));
+        assert_eq!(normalize(&x), normalize(&y));
+        let s = structure(&x);
+        assert_eq!(s[1], "attempt_started step=a iteration=1 attempt=1");
+        assert_eq!(s[2], "attempt_finished step=a iteration=1 attempt=1");
+        assert_eq!(s[5], "branches_joined step=p iteration=1");
+        // Outside a fan-out, order is recorded order and seq is kept.
+        assert_eq!(normalize(&x)[6]["seq"], serde_json::json!(6));
+    }
+
+    #[test]
+    fn a_fanout_cut_short_by_a_crash_still_orders_canonically() {
+        let mut x = fanout([started("b"), started("a"), finished("a"), finished("b")]);
+        x.events.truncate(4);
+        let order: Vec<usize> = canonical_order(&x).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(order, vec![0, 2, 3, 1]);
+    }
 }

@@ -30,7 +30,8 @@ pub use engine::{
     StartOptions, Started,
 };
 pub use episode::{
-    Episode, EpisodeEvent, Reconciliation, StepStatus, VOLATILE_FIELDS, normalize, structure,
+    Episode, EpisodeEvent, Receipt, Reconciliation, StepStatus, VOLATILE_FIELDS, canonical_order,
+    normalize, structure,
 };
 pub use plan::Armed;
 pub use run::{RunOutcome, judgment_id};

@@ -31,7 +31,7 @@ use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass, ModelRequest, ToolCall, VerifierCall};
 use crate::engine::Inner;
 use crate::episode::{
-    CallOutcome, EpisodeEvent, ParentLink, Recorded, StepStatus, VerdictOutcome, VerdictRecord,
+    CallOutcome, EpisodeEvent, ParentLink, Receipt, Recorded, StepStatus, VerdictOutcome, VerdictRecord,
 };
 use crate::hash::{canonical_json, hash_bytes, hash_json, idempotency_key};
 use crate::plan::Armed;
@@ -117,6 +117,9 @@ impl std::fmt::Debug for RunCtx {
 type StepFuture = BoxFuture<'static, Result<StepEnd, Halt>>;
 
 impl RunCtx {
+    /// Everything a run needs is handed in at once, from the engine's one
+    /// call site; a parameter struct would only rename these.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         exec: Arc<Inner>,
         store: Arc<dyn Store>,
@@ -306,14 +309,13 @@ impl RunCtx {
         let now = self.exec.clock.now_ms();
         let elapsed = u64::try_from(now.saturating_sub(snap.started_at)).unwrap_or(0);
         let fail = |reason: String| Err(Halt::Fail { reason, step: None });
-        if let Some(deadline) = def.limits.deadline {
-            if elapsed > deadline.0 {
+        if let Some(deadline) = def.limits.deadline
+            && elapsed > deadline.0 {
                 return fail(format!(
                     "deadline exceeded: the run started {elapsed} ms ago and its limit is {} ms",
                     deadline.0
                 ));
             }
-        }
         if let Some(max) = def.budget.wall_time {
             let active = elapsed.saturating_sub(snap.spent.waiting_ms);
             if active > max.0 {
@@ -323,22 +325,20 @@ impl RunCtx {
                 ));
             }
         }
-        if let Some(max) = def.budget.tokens {
-            if snap.spent.tokens > max {
+        if let Some(max) = def.budget.tokens
+            && snap.spent.tokens > max {
                 return fail(format!(
                     "budget exceeded: {} tokens used, the budget is {max}",
                     snap.spent.tokens
                 ));
             }
-        }
-        if let Some(max) = def.budget.tool_calls {
-            if snap.spent.tool_calls > max {
+        if let Some(max) = def.budget.tool_calls
+            && snap.spent.tool_calls > max {
                 return fail(format!(
                     "budget exceeded: {} tool calls made, the budget is {max}",
                     snap.spent.tool_calls
                 ));
             }
-        }
         Ok(())
     }
 
@@ -397,8 +397,8 @@ impl RunCtx {
                 .and_then(|s| s.output.clone())
                 .unwrap_or(Value::Null),
         };
-        if let Some(schema) = &def.outputs {
-            if let Err(problems) = check_schema(schema, &output) {
+        if let Some(schema) = &def.outputs
+            && let Err(problems) = check_schema(schema, &output) {
                 return Err(Halt::Fail {
                     reason: format!(
                         "the run's output does not match the workflow's `outputs` schema: {problems}"
@@ -406,7 +406,6 @@ impl RunCtx {
                     step: None,
                 });
             }
-        }
         let bytes = canonical_json(&output);
         let blob = BlobHash::of(&bytes);
         self.commit(Batch {
@@ -516,8 +515,8 @@ impl RunCtx {
             ) {
                 (st.iteration, st.attempt)
             } else {
-                if let Some(max) = self.armed.def.limits.steps {
-                    if snap.spent.step_executions >= u64::from(max) {
+                if let Some(max) = self.armed.def.limits.steps
+                    && snap.spent.step_executions >= u64::from(max) {
                         return Err(Halt::Fail {
                             reason: format!(
                                 "limit reached: the run has executed {} steps, its limit is {max}",
@@ -526,7 +525,6 @@ impl RunCtx {
                             step: Some(id),
                         });
                     }
-                }
                 let iteration = st.iteration + 1;
                 self.record(
                     vec![
@@ -593,12 +591,14 @@ impl RunCtx {
                 }
                 match result {
                     Ok(output) => {
+                        let receipt = self.receipt(&id, Some(&output)).await;
                         let mut events = vec![EpisodeEvent::StepFinished {
                             step: id.clone(),
                             iteration,
                             status: StepStatus::Completed,
                             output: Some(output.clone()),
                             failure: None,
+                            receipt: Some(receipt),
                         }];
                         // Writes of parallel branches are applied by the join,
                         // in branch order, so completion order cannot matter.
@@ -608,11 +608,10 @@ impl RunCtx {
                                 Some(StepKind::Parallel(_))
                             )
                         });
-                        if !parallel_owned {
-                            if let Some(ev) = self.state_write(&def, &output).await {
+                        if !parallel_owned
+                            && let Some(ev) = self.state_write(&def, &output).await {
                                 events.push(ev);
                             }
-                        }
                         self.record(events, Vec::new(), None, Durability::Buffered)
                             .await?;
                         return Ok(StepEnd::Completed(output));
@@ -647,6 +646,7 @@ impl RunCtx {
                             .await?;
                             continue;
                         }
+                        let receipt = self.receipt(&id, None).await;
                         self.record(
                             vec![EpisodeEvent::StepFinished {
                                 step: id.clone(),
@@ -654,6 +654,7 @@ impl RunCtx {
                                 status: StepStatus::Failed,
                                 output: None,
                                 failure: Some(failure.clone()),
+                                receipt: Some(receipt),
                             }],
                             Vec::new(),
                             None,
@@ -668,12 +669,35 @@ impl RunCtx {
         .boxed()
     }
 
+    /// The receipt of step `id`'s current execution, from its recorded
+    /// events; `finished_at` is now.
+    async fn receipt(&self, id: &StepId, output: Option<&Value>) -> Receipt {
+        let snap = self.snapshot().await;
+        let st = snap.steps.get(id);
+        let kind = self
+            .armed
+            .step(id)
+            .map_or("step", |d| d.kind.name())
+            .to_owned();
+        Receipt {
+            attempt: st.map_or(0, |s| s.attempt),
+            action: st
+                .and_then(|s| s.current.action.clone())
+                .unwrap_or(kind),
+            input_hash: st.and_then(|s| s.current.input_hash.clone()),
+            output_hash: output.map(hash_json),
+            started_at: st.map_or(0, |s| s.started_at),
+            finished_at: self.exec.clock.now_ms(),
+        }
+    }
+
     /// Records that a step stopped because its scope did.
     async fn stopped(&self, id: &StepId, iteration: u32, stop: Stop) -> Result<StepEnd, Halt> {
         let status = match stop {
             Stop::Lost => StepStatus::Lost,
             Stop::RunCancelled => StepStatus::Cancelled,
         };
+        let receipt = self.receipt(id, None).await;
         self.record(
             vec![EpisodeEvent::StepFinished {
                 step: id.clone(),
@@ -681,6 +705,7 @@ impl RunCtx {
                 status,
                 output: None,
                 failure: None,
+                receipt: Some(receipt),
             }],
             Vec::new(),
             None,
@@ -991,8 +1016,8 @@ impl RunCtx {
                 ))));
             }
             None => {
-                if let Some(max) = self.armed.def.budget.tool_calls {
-                    if snap.spent.tool_calls >= max {
+                if let Some(max) = self.armed.def.budget.tool_calls
+                    && snap.spent.tool_calls >= max {
                         return Err(halt(Halt::Fail {
                             reason: format!(
                                 "budget exceeded: the run may make {max} tool calls and step `{}` would make one more",
@@ -1001,7 +1026,6 @@ impl RunCtx {
                             step: Some(def.id.clone()),
                         }));
                     }
-                }
                 crash_point("before_pending");
                 self.record(
                     Vec::new(),
@@ -1298,6 +1322,7 @@ impl RunCtx {
                         status: StepStatus::Skipped,
                         output: None,
                         failure: None,
+                        receipt: None,
                     });
                 }
                 self.record(events, Vec::new(), None, Durability::Buffered)

@@ -38,6 +38,14 @@ pub struct AttemptRecord {
     /// The attempt's end, once recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<Option<Failure>>,
+    /// Who acted in this attempt: `tool:NAME@VERSION DIGEST` or
+    /// `model:PROVIDER/MODEL`, once recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// Hash of what the action consumed: the tool's arguments or the
+    /// rendered prompt's blob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_hash: Option<String>,
 }
 
 /// One step as the fold sees it.
@@ -51,6 +59,10 @@ pub struct StepState {
     pub iteration: u32,
     /// Current (or last) attempt of the current execution.
     pub attempt: u32,
+    /// When the current execution started (ms since the epoch, from its
+    /// `step_started` record).
+    #[serde(default)]
+    pub started_at: i64,
     /// Output of the last completed execution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
@@ -231,6 +243,7 @@ impl RunState {
                 s.status = StepStatus::Running;
                 s.owner = owner.clone();
                 s.iteration = *iteration;
+                s.started_at = r.at;
                 s.attempt = 0;
                 s.failure = None;
                 s.current = AttemptRecord::default();
@@ -253,24 +266,45 @@ impl RunState {
                 s.judgment = None;
             }
             EpisodeEvent::ModelCalled {
-                step, text, usage, ..
+                step,
+                text,
+                usage,
+                provider,
+                model,
+                prompt,
+                ..
             } => {
                 self.charge(*usage);
-                self.step_mut(step).current.model = Some(Ok(text.clone()));
+                let current = &mut self.step_mut(step).current;
+                current.model = Some(Ok(text.clone()));
+                current.action = Some(format!("model:{provider}/{model}"));
+                current.input_hash = Some(prompt.clone());
             }
-            EpisodeEvent::ModelFailed { step, failure, .. } => {
-                self.step_mut(step).current.model = Some(Err(failure.clone()));
+            EpisodeEvent::ModelFailed {
+                step,
+                failure,
+                provider,
+                ..
+            } => {
+                let current = &mut self.step_mut(step).current;
+                current.model = Some(Err(failure.clone()));
+                current.action = Some(format!("model:{provider}"));
             }
             EpisodeEvent::ToolCalled {
                 step,
                 outcome,
                 reconciled,
+                tool,
+                args_hash,
                 ..
             } => {
                 if !reconciled {
                     self.spent.tool_calls += 1;
                 }
-                self.step_mut(step).current.tool = Some(outcome.clone());
+                let current = &mut self.step_mut(step).current;
+                current.tool = Some(outcome.clone());
+                current.action = Some(format!("tool:{}@{} {}", tool.name, tool.version, tool.digest));
+                current.input_hash = Some(args_hash.clone());
             }
             EpisodeEvent::Verified { step, verdicts, .. } => {
                 self.step_mut(step).current.verdicts = Some(verdicts.clone());

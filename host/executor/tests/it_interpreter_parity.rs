@@ -54,21 +54,38 @@ async fn harness(rules: Vec<Rule>) -> Harness {
             .await
             .expect("store"),
     );
+    harness_on(
+        dir,
+        store,
+        Arc::new(ScriptedProvider::new(rules)),
+        |_, bytes| bytes.to_vec(),
+    )
+    .await
+}
+
+/// A harness over a given store and model provider; `patch` may change a
+/// bundled component's bytes (by ident) before it is loaded.
+async fn harness_on(
+    dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    models: Arc<dyn executor::ModelProvider>,
+    patch: impl Fn(&str, &[u8]) -> Vec<u8>,
+) -> Harness {
     // Compiled components are keyed by digest and engine settings: one cache
     // for every test saves compiling the plugins again in each.
     let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-test-cache");
     let mut b = sandbox::Host::builder().cache_dir(cache);
     for p in plugin_artifacts::BUNDLED {
-        b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
+        b = b.component_bytes(format!("bundled:{}", p.ident), patch(p.ident, p.bytes));
     }
     let spin = std::fs::read(plugin_artifacts::ADV_SPIN).expect("spin component");
     b = b.component_bytes("adv:spin", spin);
-    let sandbox = b.build().await.expect("sandbox");
+    let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
     let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
     let exec = Executor::new(
         store.clone(),
         Arc::new(SandboxTools::new(sandbox.clone())),
-        Arc::new(ScriptedProvider::new(rules)),
+        models,
         Arc::new(SystemClock),
         armory.clone(),
         ExecutorConfig::default(),
@@ -197,12 +214,11 @@ fn serialization_guard(episode: &Episode) {
                 open = Some((step.to_string(), r.seq, r.at));
             }
             EpisodeEvent::StepFinished { step, .. } => {
-                if let Some((s, _, started)) = &open {
-                    if s == step.as_str() {
+                if let Some((s, _, started)) = &open
+                    && s == step.as_str() {
                         assert!(r.at >= *started, "time runs backwards for `{step}`");
                         open = None;
                     }
-                }
             }
             _ => {}
         }
@@ -309,7 +325,7 @@ async fn interpreter_parity_with_the_golden_episode() {
     assert_eq!(
         a.output,
         Some(
-            json!({"slug": "the-export-button-crashes-the-app-for-order-ord-1234-and-ord-99-", "words": 12})
+            json!({"slug": "the-export-button-crashes-the-app-for-order-ord-1234-and-ord-99-", "words": 13})
         )
     );
 
@@ -465,6 +481,46 @@ async fn interpreter_tool_step_is_a_first_class_step_with_three_intents() {
         intents[2].record.is_some(),
         "the committed intent carries the hostcall record"
     );
+    // The step's receipt: action identity, input and output hashes, times,
+    // attempt.
+    let receipt = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::StepFinished {
+                receipt: Some(receipt),
+                ..
+            } => Some((r.at, receipt.clone())),
+            _ => None,
+        })
+        .expect("a receipt");
+    let (finished_record_at, receipt) = receipt;
+    assert_eq!(
+        receipt.action,
+        format!("tool:text@{} {}", tool_id.version, tool_id.digest)
+    );
+    assert_eq!(receipt.attempt, 1);
+    let args_hash = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::ToolCalled { args_hash, .. } => Some(args_hash.clone()),
+            _ => None,
+        })
+        .expect("args hash");
+    assert_eq!(receipt.input_hash.as_deref(), Some(args_hash.as_str()));
+    assert_eq!(
+        receipt.output_hash.as_deref(),
+        Some(blake3_of_canonical(&json!({"count": 4})).as_str())
+    );
+    assert!(receipt.started_at > 0 && receipt.started_at <= receipt.finished_at);
+    assert!(receipt.finished_at <= finished_record_at);
+}
+
+/// Blake3 of the canonical (sorted-key, compact) JSON, `b3:`-prefixed.
+fn blake3_of_canonical(v: &serde_json::Value) -> String {
+    let text = serde_json::to_string(v).expect("json");
+    format!("b3:{}", blake3::hash(text.as_bytes()).to_hex())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -938,4 +994,270 @@ async fn interpreter_bad_input_is_refused_before_a_run_exists() {
             .expect("runs")
             .is_empty()
     );
+}
+
+// ------------------------------------------- soundness under unavailability
+//
+// An unavailable dependency ends the step failed, blocked or waiting with
+// the cause named — never as success.
+
+fn model_workflow() -> WorkflowDef {
+    WorkflowDef::new("t.model_down").with_step(StepDef::new(
+        "ask",
+        ModelStep::new("Summarize: {{ inputs.text }}"),
+    ))
+}
+
+async fn harness_with_model(models: Arc<dyn executor::ModelProvider>) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("poimen.db"))
+            .await
+            .expect("store"),
+    );
+    harness_on(dir, store, models, |_, b| b.to_vec()).await
+}
+
+fn openai_at(base_url: String) -> Arc<dyn executor::ModelProvider> {
+    Arc::new(executor::model::OpenAiCompatible::new(
+        executor::model::OpenAiConfig {
+            base_url,
+            model: "test-model".into(),
+            api_key: None,
+            effort: executor::model::EffortMode::Omit,
+        },
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soundness_model_endpoint_down_fails_the_step_naming_the_endpoint() {
+    // A port nothing listens on: bind, learn the port, close.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let h = harness_with_model(openai_at(base.clone())).await;
+    let out = h.run(&model_workflow(), json!({"text": "x"})).await;
+    assert_eq!(out.status, RunStatus::Failed, "{:?}", out.reason);
+    assert_eq!(out.output, None);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(reason.contains("ask"), "names the step: {reason}");
+    let ep = h.checked(&out).await;
+    let failure = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::ModelFailed { failure, .. } => Some(failure.clone()),
+            _ => None,
+        })
+        .expect("model_failed recorded");
+    assert!(
+        failure.message.contains(&format!("127.0.0.1:{port}")),
+        "names the endpoint: {}",
+        failure.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soundness_model_answering_garbage_fails_the_step_naming_the_cause() {
+    // A server that answers 200 with a body that is not a chat completion.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let _ = sock.read(&mut buf).await;
+            let body = "<html>definitely not json</html>";
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        }
+    });
+    let h = harness_with_model(openai_at(format!("http://{addr}/v1"))).await;
+    let out = h.run(&model_workflow(), json!({"text": "x"})).await;
+    assert_eq!(out.status, RunStatus::Failed, "{:?}", out.reason);
+    assert_eq!(out.output, None);
+    let ep = h.checked(&out).await;
+    let failure = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::ModelFailed { failure, .. } => Some(failure.clone()),
+            _ => None,
+        })
+        .expect("model_failed recorded");
+    assert!(
+        !failure.message.is_empty() && failure.message.to_lowercase().contains("json"),
+        "names the cause: {}",
+        failure.message
+    );
+}
+
+/// The component's bytes with a custom section appended: the same name and
+/// version, different bytes, so a different digest.
+fn with_custom_section(bytes: &[u8]) -> Vec<u8> {
+    let name = b"poimen-test";
+    let payload = b"changed on disk";
+    let mut section = vec![name.len() as u8];
+    section.extend_from_slice(name);
+    section.extend_from_slice(payload);
+    let mut out = bytes.to_vec();
+    out.push(0); // custom section id
+    out.push(section.len() as u8); // fits in one LEB128 byte
+    out.extend_from_slice(&section);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soundness_component_changed_on_disk_fails_the_step_with_the_digests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let def = WorkflowDef::new("t.digest")
+        .with_step(StepDef::new(
+            "approve",
+            JudgmentStep::new(
+                "Go on?",
+                json!({"type": "object", "properties": {"go": {"type": "boolean"}}, "required": ["go"]}),
+            ),
+        ))
+        .with_step(StepDef::tool(
+            "count",
+            tool("text@^0.1"),
+            json!({"op": "count", "pattern": "o", "text": "foo"}),
+        ))
+        .with_edge("approve", "count");
+    // Host A pins the original `text` and waits for the judgment.
+    let (run, request) = {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await.expect("store"));
+        let h = harness_on(
+            tempfile::tempdir().expect("dir"),
+            store,
+            Arc::new(ScriptedProvider::new(vec![])),
+            |_, b| b.to_vec(),
+        )
+        .await;
+        let out = h.run(&def, json!({})).await;
+        assert_eq!(out.status, RunStatus::WaitingJudgment, "{:?}", out.reason);
+        let open = h.exec.open_judgments().await.expect("judgments");
+        (out.run, open[0].clone())
+    };
+    // Host B loads a `text` 0.1.x whose bytes changed.
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await.expect("store"));
+    let h = harness_on(
+        tempfile::tempdir().expect("dir"),
+        store,
+        Arc::new(ScriptedProvider::new(vec![])),
+        |ident, b| {
+            if ident == "text" {
+                with_custom_section(b)
+            } else {
+                b.to_vec()
+            }
+        },
+    )
+    .await;
+    let done = h
+        .exec
+        .submit_judgment(
+            request.id.as_str(),
+            executor::JudgmentSubmission {
+                request_hash: request.request_hash.clone(),
+                result: json!({"go": true}),
+                executor: None,
+                profile: None,
+                provenance: json!({"judge": "test"}),
+            },
+        )
+        .await
+        .expect("submit");
+    assert_eq!(done.run, run);
+    assert_ne!(done.status, RunStatus::Completed, "never a success");
+    assert_eq!(done.output, None);
+    let ep = h.checked(&done).await;
+    let failure = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::StepFinished {
+                step,
+                failure: Some(f),
+                ..
+            } if step.as_str() == "count" => Some(f.clone()),
+            _ => None,
+        })
+        .expect("the tool step failed");
+    assert!(
+        failure.message.contains("expected component b3:")
+            && failure.message.contains("changed on disk"),
+        "names both digests and the cause: {}",
+        failure.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soundness_store_full_stops_the_run_unfinished_and_recovery_completes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    // A pure tool whose output (~2 MB) cannot fit in the room left.
+    let def = WorkflowDef::new("t.full").with_step(StepDef::tool(
+        "grow",
+        tool("text@^0.1"),
+        json!({"op": "replace", "pattern": ".", "text": "{{ inputs.text }}", "replacement": "{{ inputs.pad }}"}),
+    ));
+    let input = json!({"text": "x".repeat(1000), "pad": "y".repeat(2000)});
+    let limited = store::SqliteOptions {
+        max_page_count: Some(150),
+        ..store::SqliteOptions::default()
+    };
+    let run = {
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::open_with(&path, limited)
+                .await
+                .expect("store"),
+        );
+        let h = harness_on(
+            tempfile::tempdir().expect("dir"),
+            store,
+            Arc::new(ScriptedProvider::new(vec![])),
+            |_, b| b.to_vec(),
+        )
+        .await;
+        let out = h.run(&def, input.clone()).await;
+        assert_ne!(out.status, RunStatus::Completed, "never a success");
+        assert_eq!(out.output, None);
+        let reason = out.reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("store") && reason.contains("full"),
+            "names the cause: {reason}"
+        );
+        // What was committed folds.
+        let ep = h.episode(&out.run).await;
+        executor::refold(&ep).expect("the stored episode folds");
+        out.run
+    };
+    // Room again: recovery re-dispatches the pure tool and finishes.
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).await.expect("store"));
+    let h = harness_on(
+        tempfile::tempdir().expect("dir"),
+        store,
+        Arc::new(ScriptedProvider::new(vec![])),
+        |_, b| b.to_vec(),
+    )
+    .await;
+    let recovered = h.exec.recover().await.expect("recover");
+    let done = recovered
+        .into_iter()
+        .find(|o| o.run == run)
+        .expect("the run was in flight and recovered");
+    assert_eq!(done.status, RunStatus::Completed, "{:?}", done.reason);
+    let out = done.output.clone().expect("output");
+    assert_eq!(out["text"].as_str().map(str::len), Some(2_000_000));
+    h.checked(&done).await;
 }

@@ -149,7 +149,7 @@ mod tests {
             let keys = ["a", "B", "é", "ab", "\u{1F600}", "", "\n", "a\"", "z9"];
             match next() % if depth > 3 { 5 } else { 7 } {
                 0 => Value::Null,
-                1 => Value::Bool(next() % 2 == 0),
+                1 => Value::Bool(next().is_multiple_of(2)),
                 2 => json!(next() as i64 >> (next() % 64)),
                 3 => json!(f64::from_bits(next()) % 1e6),
                 4 => Value::String(keys[(next() % 9) as usize].repeat((next() % 3) as usize)),

@@ -89,6 +89,11 @@ pub enum InvokeError {
     /// instantiation failed). Not the guest's fault.
     #[error("host failure: {0}")]
     Host(String),
+    /// The component is installed but withheld: the policy does not grant a
+    /// capability it declares. `reason` names the capability, the policy and
+    /// how to grant it.
+    #[error("`{tool}` is installed but withheld: {reason}")]
+    Withheld { tool: String, reason: String },
 }
 
 fn unresolved(u: &Unresolved) -> String {
@@ -124,6 +129,7 @@ impl InvokeError {
             InvokeError::Tool(ToolError::Failed(_)) => "failed",
             InvokeError::Tool(ToolError::Unavailable(_)) => "unavailable",
             InvokeError::Host(_) => "host",
+            InvokeError::Withheld { .. } => "withheld",
         }
     }
 }
@@ -251,6 +257,7 @@ mod tests {
             registry: "tools (bundled)".into(),
             available_versions: vec![],
             nearest: vec!["json".into()],
+            withheld: None,
         });
         assert_eq!(
             e.to_string(),

@@ -153,9 +153,20 @@ pub struct HostBuilder {
     no_pooling: bool,
     pool_instances: Option<u32>,
     max_concurrent: Option<usize>,
+    withhold_ungranted: bool,
 }
 
 impl HostBuilder {
+    /// At build, a component that declares a capability the policy does not
+    /// grant is withheld (listed by [`Host::withheld`], and every attempt to
+    /// resolve it fails with [`InvokeError::Withheld`] naming the capability
+    /// and how to grant it) instead of failing the whole build. Default off:
+    /// every refusal fails the build.
+    pub fn withhold_ungranted(mut self, on: bool) -> Self {
+        self.withhold_ungranted = on;
+        self
+    }
+
     /// Where compiled components are cached. Must be private to poimen:
     /// files in it are loaded as native code.
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
@@ -283,8 +294,16 @@ impl HostBuilder {
         };
         let mut refused = Vec::new();
         for (origin, bytes) in self.components.into_iter().chain(components) {
-            if let Err(e) = host.load_component(origin, bytes).await {
-                refused.push(e);
+            if let Err(e) = host
+                .load_inner(origin, bytes, self.withhold_ungranted)
+                .await
+            {
+                // A withheld component is recorded, not refused.
+                let withheld =
+                    self.withhold_ungranted && matches!(e, LoadError::CapabilityDenied { .. });
+                if !withheld {
+                    refused.push(e);
+                }
             }
         }
         if refused.is_empty() {
@@ -314,6 +333,7 @@ impl std::fmt::Debug for HostBuilder {
             .field("pooling", &!self.no_pooling)
             .field("pool_instances", &self.pool_instances)
             .field("max_concurrent", &self.max_concurrent)
+            .field("withhold_ungranted", &self.withhold_ungranted)
             .finish()
     }
 }
@@ -784,8 +804,24 @@ impl Host {
         origin: impl Into<String>,
         bytes: impl Into<Vec<u8>>,
     ) -> Result<crate::registry::Entry, LoadError> {
-        let origin = origin.into();
-        let c = self.check(&origin, bytes.into()).await?;
+        self.load_inner(origin.into(), bytes.into(), false).await
+    }
+
+    /// Components withheld at build for want of a grant (see
+    /// [`HostBuilder::withhold_ungranted`]).
+    pub fn withheld(&self) -> Vec<crate::registry::WithheldEntry> {
+        self.with_registry(|r| r.withheld())
+    }
+
+    /// Loads a component. With `withhold`, one denied a capability is also
+    /// recorded as withheld; the denial is returned either way.
+    async fn load_inner(
+        &self,
+        origin: String,
+        bytes: Vec<u8>,
+        withhold: bool,
+    ) -> Result<crate::registry::Entry, LoadError> {
+        let c = self.check(&origin, bytes).await?;
         if let Some((import, needs)) = c.undeclared.first() {
             return Err(LoadError::UndeclaredImport {
                 component: c.info.name,
@@ -795,18 +831,42 @@ impl Host {
             });
         }
         let policy = &self.inner.policy;
-        let grants = policy
-            .grant(&c.info.name, &c.info.capabilities)
-            .map_err(|missing| {
-                let first = &missing[0];
-                LoadError::CapabilityDenied {
-                    component: c.info.name.clone(),
-                    origin: origin.clone(),
-                    capability: first.capability.to_string(),
-                    policy: policy.source().to_string(),
-                    hint: first.hint.clone(),
+        let grants = match policy.grant(&c.info.name, &c.info.capabilities) {
+            Ok(grants) => grants,
+            Err(missing) => {
+                let denied = match missing.first() {
+                    Some(first) => LoadError::CapabilityDenied {
+                        component: c.info.name.clone(),
+                        origin: origin.clone(),
+                        capability: first.capability.to_string(),
+                        policy: policy.source().to_string(),
+                        hint: first.hint.clone(),
+                    },
+                    None => LoadError::CapabilityDenied {
+                        component: c.info.name.clone(),
+                        origin: origin.clone(),
+                        capability: "(unnamed)".to_owned(),
+                        policy: policy.source().to_string(),
+                        hint: String::new(),
+                    },
+                };
+                if !withhold {
+                    return Err(denied);
                 }
-            })?;
+                let entry = crate::registry::WithheldEntry {
+                    info: c.info,
+                    kind: c.kind,
+                    origin,
+                    reason: denied.to_string(),
+                };
+                self.inner
+                    .registry
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .withhold(entry);
+                return Err(denied);
+            }
+        };
         let limits = policy.limits_for(&c.info.name, self.inner.base_limits);
         let identity = ToolIdentity {
             name: c.info.name.clone(),

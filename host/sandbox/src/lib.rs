@@ -50,6 +50,6 @@ pub use imports::{Import, ImportClass};
 pub use limits::Limits;
 pub use policy::{Grant, LimitOverrides, Policy, PolicySource};
 pub use record::{HostcallRecord, WIT_PACKAGE};
-pub use registry::{Entry, Tools, Verifiers};
+pub use registry::{Entry, Tools, Verifiers, WithheldEntry};
 pub use workflow::{Capability, EffectClass, Ineligibility, ToolInfo, ToolRef, shadow_eligibility};
 pub use workflow::{ToolRegistry, VerifierRegistry};

@@ -101,11 +101,26 @@ impl Loaded {
     }
 }
 
+/// A component that was read and described but is not runnable: the policy
+/// does not grant a capability it declares. Listed, and named in every error
+/// that resolves it, so the operator learns what to grant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WithheldEntry {
+    pub info: ToolInfo,
+    pub kind: PluginKind,
+    /// Where the component came from.
+    pub origin: String,
+    /// Why it is withheld and how to grant it.
+    pub reason: String,
+}
+
 /// Everything loaded, by kind then name, versions ascending.
 #[derive(Default)]
 pub(crate) struct Registry {
     tools: BTreeMap<String, Vec<Arc<Loaded>>>,
     verifiers: BTreeMap<String, Vec<Arc<Loaded>>>,
+    /// Components withheld for want of a grant.
+    withheld: Vec<WithheldEntry>,
     /// Where components were loaded from, in words.
     pub sources: Vec<String>,
 }
@@ -177,6 +192,14 @@ impl Registry {
             .rev()
             .filter(|v| r.version.matches(&v.info.version));
         let Some(highest) = matching.next() else {
+            if let Some(w) = self.withheld.iter().find(|w| {
+                w.kind == kind && w.info.name == r.name && r.version.matches(&w.info.version)
+            }) {
+                return Err(InvokeError::Withheld {
+                    tool: format!("{}@{}", w.info.name, w.info.version),
+                    reason: w.reason.clone(),
+                });
+            }
             return Err(InvokeError::NotFound(Unresolved {
                 name: r.name.clone(),
                 requested: r.version.to_string(),
@@ -189,6 +212,7 @@ impl Registry {
                 } else {
                     nearest_names(&r.name, map.keys().map(String::as_str))
                 },
+                withheld: None,
             }));
         };
         match digest {
@@ -203,6 +227,18 @@ impl Registry {
                 }),
             },
         }
+    }
+
+    /// Records a component withheld for want of a grant.
+    pub fn withhold(&mut self, entry: WithheldEntry) {
+        if !self.withheld.contains(&entry) {
+            self.withheld.push(entry);
+        }
+    }
+
+    /// Every withheld component, in load order.
+    pub fn withheld(&self) -> Vec<WithheldEntry> {
+        self.withheld.clone()
     }
 
     pub fn list(&self, kind: PluginKind) -> Vec<Entry> {
@@ -240,12 +276,21 @@ impl Verifiers {
 fn unresolved(e: InvokeError, r: &ToolRef) -> Unresolved {
     match e {
         InvokeError::NotFound(u) => u,
+        InvokeError::Withheld { reason, .. } => Unresolved {
+            name: r.name.clone(),
+            requested: r.version.to_string(),
+            registry: "tools".to_owned(),
+            available_versions: Vec::new(),
+            nearest: Vec::new(),
+            withheld: Some(reason),
+        },
         other => Unresolved {
             name: r.name.clone(),
             requested: r.version.to_string(),
             registry: other.to_string(),
             available_versions: Vec::new(),
             nearest: Vec::new(),
+            withheld: None,
         },
     }
 }

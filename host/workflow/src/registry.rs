@@ -49,6 +49,10 @@ pub struct Unresolved {
     pub available_versions: Vec<String>,
     /// Registered names nearest to the one asked for, nearest first.
     pub nearest: Vec<String>,
+    /// Set when the name is installed but withheld from use (its declared
+    /// capabilities are not granted by the policy): why, and how to grant it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withheld: Option<String>,
 }
 
 /// Resolves tool references.
@@ -117,6 +121,8 @@ pub struct MemoryRegistry {
     /// What this registry is called in error messages.
     pub label: String,
     entries: BTreeMap<String, Vec<ToolInfo>>,
+    /// Names installed but withheld, with the reason.
+    withheld: BTreeMap<String, String>,
 }
 
 impl MemoryRegistry {
@@ -124,7 +130,14 @@ impl MemoryRegistry {
         MemoryRegistry {
             label: label.into(),
             entries: BTreeMap::new(),
+            withheld: BTreeMap::new(),
         }
+    }
+
+    /// Marks `name` as installed but withheld from use, for `reason`
+    /// (e.g. the policy does not grant its capabilities).
+    pub fn withhold(&mut self, name: impl Into<String>, reason: impl Into<String>) {
+        self.withheld.insert(name.into(), reason.into());
     }
 
     /// Adds (or replaces) one name+version.
@@ -157,6 +170,7 @@ impl MemoryRegistry {
                 } else {
                     nearest_names(&r.name, self.entries.keys().map(String::as_str))
                 },
+                withheld: self.withheld.get(&r.name).cloned(),
             }),
         }
     }

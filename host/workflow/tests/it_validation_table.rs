@@ -320,6 +320,11 @@ fn table() -> Vec<Row> {
                 if s(step, "fetch") && name == "http-gte" && registry.starts_with("tools:") && nearest.first().map(String::as_str) == Some("http-get"))],
         ),
         row(
+            "withheld_tool.yaml",
+            vec![e!(V::WithheldTool { step, tool, reason }
+                if s(step, "read") && tool == "vault-read" && reason.contains("vault-read:/vault"))],
+        ),
+        row(
             "unresolved_verifier.yaml",
             vec![
                 e!(V::UnresolvedVerifier { site: Site::Step { step, .. }, name, registry, nearest, .. }

@@ -307,6 +307,53 @@ async fn declared_capabilities_must_be_granted_at_load() {
     }
 }
 
+#[tokio::test]
+async fn withholding_builds_the_host_and_names_the_missing_grant_on_every_use() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (name, path) in [
+        ("a.wasm", plugin_artifacts::FS_READ),
+        ("b.wasm", plugin_artifacts::TEXT),
+    ] {
+        std::fs::copy(path, dir.path().join(name)).expect("copy");
+    }
+    let host = support::builder()
+        .plugin_dir(dir.path())
+        .withhold_ungranted(true)
+        .build()
+        .await
+        .expect("a withheld component does not fail the build");
+    let withheld = host.withheld();
+    assert_eq!(withheld.len(), 1, "{withheld:?}");
+    assert_eq!(withheld[0].info.name, "fs-read");
+    assert!(withheld[0].origin.ends_with("a.wasm"));
+    assert!(
+        withheld[0].reason.contains("fs-read:/data") && withheld[0].reason.contains("to grant it"),
+        "{}",
+        withheld[0].reason
+    );
+    assert!(host.tools().list().iter().all(|e| e.info.name != "fs-read"));
+
+    // Invoking it is refused before any guest code runs, with the reason.
+    let r = call(&host, "fs-read", json!({"path": "x"})).await;
+    match error(&r) {
+        InvokeError::Withheld { tool, reason } => {
+            assert!(tool.starts_with("fs-read@"), "{tool}");
+            assert!(reason.contains("fs-read:/data"), "{reason}");
+        }
+        e => panic!("expected Withheld, got {e:?}"),
+    }
+    // The validator's view says the same.
+    let u = ToolRegistry::resolve_tool(&host.tools(), &tool("fs-read"))
+        .expect_err("withheld");
+    assert!(
+        u.withheld.as_deref().is_some_and(|w| w.contains("fs-read:/data")),
+        "{u:?}"
+    );
+    // The rest of the host works.
+    let r = call(&host, "text", json!({"op": "count", "pattern": "o", "text": "ok"})).await;
+    assert!(r.outcome.is_ok(), "{:?}", r.outcome);
+}
+
 async fn still_healthy_json(host: &Host) {
     let r = call(host, "json", json!({"value": [1], "select": "/0"})).await;
     assert_eq!(r.outcome, Ok(json!(1)));

@@ -394,6 +394,17 @@ pub enum ValidationError {
         available_versions: Vec<String>,
     },
     #[error(
+        "step `{step}` uses tool `{tool}`, which is installed but withheld: {reason}"
+    )]
+    WithheldTool {
+        step: StepId,
+        /// The reference as written.
+        tool: String,
+        /// Why it is withheld and how to grant it (names the capability and
+        /// the policy consulted).
+        reason: String,
+    },
+    #[error(
         "{site} uses verifier `{verifier}`, which registry `{registry}` does not have (asked for `{name}` {requested}).{}{} Register the verifier or fix the reference.",
         versions_hint(.available_versions), nearest_hint(.nearest)
     )]

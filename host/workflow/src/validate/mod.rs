@@ -1025,6 +1025,13 @@ impl<'a> Checker<'a, '_> {
 }
 
 fn unresolved_tool(step: &StepId, r: &ToolRef, u: Unresolved) -> ValidationError {
+    if let Some(reason) = u.withheld {
+        return ValidationError::WithheldTool {
+            step: step.clone(),
+            tool: r.to_string(),
+            reason,
+        };
+    }
     ValidationError::UnresolvedTool {
         step: step.clone(),
         tool: r.to_string(),

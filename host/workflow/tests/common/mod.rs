@@ -24,6 +24,9 @@ pub fn load(path: &Path) -> WorkflowDef {
 struct RegistryFixture {
     tools: Vec<ToolInfo>,
     verifiers: Vec<ToolInfo>,
+    /// Installed but withheld tools: name -> reason.
+    #[serde(default)]
+    withheld: std::collections::BTreeMap<String, String>,
 }
 
 /// The tool and verifier registries of `fixtures/registry/tools.json`.
@@ -34,6 +37,9 @@ pub fn registries() -> (MemoryRegistry, MemoryRegistry) {
     let mut tools = MemoryRegistry::new("tools: fixtures/registry/tools.json");
     for t in f.tools {
         tools.insert(t);
+    }
+    for (name, reason) in f.withheld {
+        tools.withhold(name, reason);
     }
     let mut verifiers = MemoryRegistry::new("verifiers: fixtures/registry/tools.json");
     for v in f.verifiers {
