@@ -107,7 +107,11 @@ pub enum Command {
     },
     /// Print a version's canonical form.
     #[command(after_help = "Example: poimen show b3:1a2b3c")]
-    Show { version: String },
+    Show {
+        /// A version (or unique prefix), or `ID@latest`.
+        #[arg(id = "target", value_name = "VERSION")]
+        version: String,
+    },
     /// Say in words what changed between two versions (or files).
     #[command(after_help = "Example: poimen diff b3:1a2b3c flow.yaml")]
     Diff { old: String, new: String },

@@ -848,7 +848,28 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
         }
         PluginCmd::Inspect { file } => {
             let bytes = read_component(&file)?;
-            let i = host.inspect_plugin(bytes).await?;
+            let i = match host.inspect_plugin(bytes).await {
+                Ok(i) => i,
+                // A component whose imports no host serves is a finding of
+                // the inspection, not a failure to inspect.
+                Err(poimen::Error::Plugin(
+                    e @ (sandbox::LoadError::Sockets { .. }
+                    | sandbox::LoadError::UnknownImport { .. }),
+                )) => {
+                    let problem = e.to_string();
+                    if g.json {
+                        print_json(&json!({
+                            "file": file.display().to_string(),
+                            "problems": [problem],
+                        }))?;
+                    } else {
+                        println!("{}", file.display());
+                        println!("  problem: {problem}");
+                    }
+                    return Ok(exit::INVALID);
+                }
+                Err(e) => return Err(e.into()),
+            };
             if g.json {
                 print_json(&i)?;
             } else {

@@ -293,9 +293,9 @@ fn plan_shows_order_fanout_tools_and_eligibility() {
             .starts_with("b3:")
     );
     assert_eq!(
-        plan["eligibility"]["eligible"],
-        json!(true),
-        "{}",
+        plan["eligibility"]["ineligible"],
+        json!([]),
+        "eligible for shadow evaluation: {}",
         plan["eligibility"]
     );
     env.cmd()
@@ -516,7 +516,10 @@ fn plugin_list_inspect_add_call() {
         .expect("fs-read listed");
     assert_eq!(fs_read["status"], json!("withheld"));
     let why = fs_read["withheld"].as_str().expect("reason");
-    assert!(why.contains("fs-read:") && why.contains("to grant it"), "{why}");
+    assert!(
+        why.contains("fs-read:") && why.contains("to grant it"),
+        "{why}"
+    );
     // A workflow that uses one is rejected at load, naming the grant.
     let wf = env.write(
         "uses-fs.yaml",

@@ -580,14 +580,15 @@ impl Executor {
             ),
         ] {
             if let Some(Value::String(expected)) = expected
-                && got.as_deref() != Some(expected.as_str()) {
-                    return Err(ExecError::ExecutorMismatch {
-                        id: id.to_owned(),
-                        field,
-                        expected: expected.clone(),
-                        got: got.clone().unwrap_or_else(|| "(none)".into()),
-                    });
-                }
+                && got.as_deref() != Some(expected.as_str())
+            {
+                return Err(ExecError::ExecutorMismatch {
+                    id: id.to_owned(),
+                    field,
+                    expected: expected.clone(),
+                    got: got.clone().unwrap_or_else(|| "(none)".into()),
+                });
+            }
         }
         match submission.provenance.get("judge") {
             Some(Value::String(j)) if !j.trim().is_empty() => {}

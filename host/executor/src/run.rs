@@ -31,7 +31,8 @@ use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass, ModelRequest, ToolCall, VerifierCall};
 use crate::engine::Inner;
 use crate::episode::{
-    CallOutcome, EpisodeEvent, ParentLink, Receipt, Recorded, StepStatus, VerdictOutcome, VerdictRecord,
+    CallOutcome, EpisodeEvent, ParentLink, Receipt, Recorded, StepStatus, VerdictOutcome,
+    VerdictRecord,
 };
 use crate::hash::{canonical_json, hash_bytes, hash_json, idempotency_key};
 use crate::plan::Armed;
@@ -310,12 +311,13 @@ impl RunCtx {
         let elapsed = u64::try_from(now.saturating_sub(snap.started_at)).unwrap_or(0);
         let fail = |reason: String| Err(Halt::Fail { reason, step: None });
         if let Some(deadline) = def.limits.deadline
-            && elapsed > deadline.0 {
-                return fail(format!(
-                    "deadline exceeded: the run started {elapsed} ms ago and its limit is {} ms",
-                    deadline.0
-                ));
-            }
+            && elapsed > deadline.0
+        {
+            return fail(format!(
+                "deadline exceeded: the run started {elapsed} ms ago and its limit is {} ms",
+                deadline.0
+            ));
+        }
         if let Some(max) = def.budget.wall_time {
             let active = elapsed.saturating_sub(snap.spent.waiting_ms);
             if active > max.0 {
@@ -326,19 +328,21 @@ impl RunCtx {
             }
         }
         if let Some(max) = def.budget.tokens
-            && snap.spent.tokens > max {
-                return fail(format!(
-                    "budget exceeded: {} tokens used, the budget is {max}",
-                    snap.spent.tokens
-                ));
-            }
+            && snap.spent.tokens > max
+        {
+            return fail(format!(
+                "budget exceeded: {} tokens used, the budget is {max}",
+                snap.spent.tokens
+            ));
+        }
         if let Some(max) = def.budget.tool_calls
-            && snap.spent.tool_calls > max {
-                return fail(format!(
-                    "budget exceeded: {} tool calls made, the budget is {max}",
-                    snap.spent.tool_calls
-                ));
-            }
+            && snap.spent.tool_calls > max
+        {
+            return fail(format!(
+                "budget exceeded: {} tool calls made, the budget is {max}",
+                snap.spent.tool_calls
+            ));
+        }
         Ok(())
     }
 
@@ -398,14 +402,15 @@ impl RunCtx {
                 .unwrap_or(Value::Null),
         };
         if let Some(schema) = &def.outputs
-            && let Err(problems) = check_schema(schema, &output) {
-                return Err(Halt::Fail {
-                    reason: format!(
-                        "the run's output does not match the workflow's `outputs` schema: {problems}"
-                    ),
-                    step: None,
-                });
-            }
+            && let Err(problems) = check_schema(schema, &output)
+        {
+            return Err(Halt::Fail {
+                reason: format!(
+                    "the run's output does not match the workflow's `outputs` schema: {problems}"
+                ),
+                step: None,
+            });
+        }
         let bytes = canonical_json(&output);
         let blob = BlobHash::of(&bytes);
         self.commit(Batch {
@@ -509,14 +514,13 @@ impl RunCtx {
             };
             let snap = self.snapshot().await;
             let st = snap.steps.get(&id).cloned().unwrap_or_default();
-            let (iteration, mut attempt) = if matches!(
-                st.status,
-                StepStatus::Running | StepStatus::Waiting
-            ) {
-                (st.iteration, st.attempt)
-            } else {
-                if let Some(max) = self.armed.def.limits.steps
-                    && snap.spent.step_executions >= u64::from(max) {
+            let (iteration, mut attempt) =
+                if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
+                    (st.iteration, st.attempt)
+                } else {
+                    if let Some(max) = self.armed.def.limits.steps
+                        && snap.spent.step_executions >= u64::from(max)
+                    {
                         return Err(Halt::Fail {
                             reason: format!(
                                 "limit reached: the run has executed {} steps, its limit is {max}",
@@ -525,28 +529,28 @@ impl RunCtx {
                             step: Some(id),
                         });
                     }
-                let iteration = st.iteration + 1;
-                self.record(
-                    vec![
-                        EpisodeEvent::StepStarted {
-                            step: id.clone(),
-                            iteration,
-                            kind: def.kind.name().to_owned(),
-                            owner: owner.clone(),
-                        },
-                        EpisodeEvent::AttemptStarted {
-                            step: id.clone(),
-                            iteration,
-                            attempt: 1,
-                        },
-                    ],
-                    Vec::new(),
-                    None,
-                    Durability::Buffered,
-                )
-                .await?;
-                (iteration, 1)
-            };
+                    let iteration = st.iteration + 1;
+                    self.record(
+                        vec![
+                            EpisodeEvent::StepStarted {
+                                step: id.clone(),
+                                iteration,
+                                kind: def.kind.name().to_owned(),
+                                owner: owner.clone(),
+                            },
+                            EpisodeEvent::AttemptStarted {
+                                step: id.clone(),
+                                iteration,
+                                attempt: 1,
+                            },
+                        ],
+                        Vec::new(),
+                        None,
+                        Durability::Buffered,
+                    )
+                    .await?;
+                    (iteration, 1)
+                };
             if attempt == 0 {
                 attempt = 1;
                 self.record(
@@ -608,10 +612,9 @@ impl RunCtx {
                                 Some(StepKind::Parallel(_))
                             )
                         });
-                        if !parallel_owned
-                            && let Some(ev) = self.state_write(&def, &output).await {
-                                events.push(ev);
-                            }
+                        if !parallel_owned && let Some(ev) = self.state_write(&def, &output).await {
+                            events.push(ev);
+                        }
                         self.record(events, Vec::new(), None, Durability::Buffered)
                             .await?;
                         return Ok(StepEnd::Completed(output));
@@ -681,9 +684,7 @@ impl RunCtx {
             .to_owned();
         Receipt {
             attempt: st.map_or(0, |s| s.attempt),
-            action: st
-                .and_then(|s| s.current.action.clone())
-                .unwrap_or(kind),
+            action: st.and_then(|s| s.current.action.clone()).unwrap_or(kind),
             input_hash: st.and_then(|s| s.current.input_hash.clone()),
             output_hash: output.map(hash_json),
             started_at: st.map_or(0, |s| s.started_at),
@@ -1017,15 +1018,16 @@ impl RunCtx {
             }
             None => {
                 if let Some(max) = self.armed.def.budget.tool_calls
-                    && snap.spent.tool_calls >= max {
-                        return Err(halt(Halt::Fail {
-                            reason: format!(
-                                "budget exceeded: the run may make {max} tool calls and step `{}` would make one more",
-                                def.id
-                            ),
-                            step: Some(def.id.clone()),
-                        }));
-                    }
+                    && snap.spent.tool_calls >= max
+                {
+                    return Err(halt(Halt::Fail {
+                        reason: format!(
+                            "budget exceeded: the run may make {max} tool calls and step `{}` would make one more",
+                            def.id
+                        ),
+                        step: Some(def.id.clone()),
+                    }));
+                }
                 crash_point("before_pending");
                 self.record(
                     Vec::new(),

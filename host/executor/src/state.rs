@@ -303,7 +303,10 @@ impl RunState {
                 }
                 let current = &mut self.step_mut(step).current;
                 current.tool = Some(outcome.clone());
-                current.action = Some(format!("tool:{}@{} {}", tool.name, tool.version, tool.digest));
+                current.action = Some(format!(
+                    "tool:{}@{} {}",
+                    tool.name, tool.version, tool.digest
+                ));
                 current.input_hash = Some(args_hash.clone());
             }
             EpisodeEvent::Verified { step, verdicts, .. } => {

@@ -215,10 +215,11 @@ fn serialization_guard(episode: &Episode) {
             }
             EpisodeEvent::StepFinished { step, .. } => {
                 if let Some((s, _, started)) = &open
-                    && s == step.as_str() {
-                        assert!(r.at >= *started, "time runs backwards for `{step}`");
-                        open = None;
-                    }
+                    && s == step.as_str()
+                {
+                    assert!(r.at >= *started, "time runs backwards for `{step}`");
+                    open = None;
+                }
             }
             _ => {}
         }
@@ -1217,11 +1218,8 @@ async fn soundness_store_full_stops_the_run_unfinished_and_recovery_completes_it
         ..store::SqliteOptions::default()
     };
     let run = {
-        let store: Arc<dyn Store> = Arc::new(
-            SqliteStore::open_with(&path, limited)
-                .await
-                .expect("store"),
-        );
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open_with(&path, limited).await.expect("store"));
         let h = harness_on(
             tempfile::tempdir().expect("dir"),
             store,

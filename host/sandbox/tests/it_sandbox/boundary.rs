@@ -343,14 +343,20 @@ async fn withholding_builds_the_host_and_names_the_missing_grant_on_every_use() 
         e => panic!("expected Withheld, got {e:?}"),
     }
     // The validator's view says the same.
-    let u = ToolRegistry::resolve_tool(&host.tools(), &tool("fs-read"))
-        .expect_err("withheld");
+    let u = ToolRegistry::resolve_tool(&host.tools(), &tool("fs-read")).expect_err("withheld");
     assert!(
-        u.withheld.as_deref().is_some_and(|w| w.contains("fs-read:/data")),
+        u.withheld
+            .as_deref()
+            .is_some_and(|w| w.contains("fs-read:/data")),
         "{u:?}"
     );
     // The rest of the host works.
-    let r = call(&host, "text", json!({"op": "count", "pattern": "o", "text": "ok"})).await;
+    let r = call(
+        &host,
+        "text",
+        json!({"op": "count", "pattern": "o", "text": "ok"}),
+    )
+    .await;
     assert!(r.outcome.is_ok(), "{:?}", r.outcome);
 }
 

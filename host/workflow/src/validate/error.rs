@@ -393,9 +393,7 @@ pub enum ValidationError {
         nearest: Vec<String>,
         available_versions: Vec<String>,
     },
-    #[error(
-        "step `{step}` uses tool `{tool}`, which is installed but withheld: {reason}"
-    )]
+    #[error("step `{step}` uses tool `{tool}`, which is installed but withheld: {reason}")]
     WithheldTool {
         step: StepId,
         /// The reference as written.
