@@ -87,6 +87,8 @@ pub enum Error {
     },
     #[error("the MCP connection failed: {0}")]
     Mcp(String),
+    #[error(transparent)]
+    Shadow(#[from] crate::shadow::ShadowError),
 }
 
 fn first(errors: &[ValidationError]) -> String {
@@ -244,7 +246,7 @@ impl HostBuilder {
             Arc::new(SandboxTools {
                 host: sandbox.clone(),
             }),
-            models,
+            models.clone(),
             Arc::new(SystemClock),
             armory.clone(),
             ExecutorConfig {
@@ -257,6 +259,7 @@ impl HostBuilder {
                 sandbox,
                 executor,
                 armory,
+                models,
             }),
         })
     }
@@ -267,6 +270,7 @@ struct Inner {
     sandbox: sandbox::Host,
     executor: Executor,
     armory: Arc<StoreArmory>,
+    models: Arc<dyn ModelProvider>,
 }
 
 /// The poimen host.
@@ -760,6 +764,34 @@ impl Host {
             Ok(v) => Ok((v, record)),
             Err(e) => Err((e.to_string(), record)),
         }
+    }
+
+    /// Shadow-evaluates `candidate` (a file, validated but not published,
+    /// or a stored version) on the recorded runs of `baseline` (a stored
+    /// version) that `opts` selects, and compares the outcomes. Both must
+    /// be sandbox-eligible; nothing is written to the live store.
+    pub async fn shadow(
+        &self,
+        candidate: &Target,
+        baseline: &str,
+        opts: &crate::shadow::ShadowOptions,
+    ) -> Result<crate::shadow::ShadowReport, Error> {
+        let candidate = match candidate {
+            Target::File(path) => self.validate(&load_file(path)?.def).await?,
+            Target::Version(text) => {
+                let (_, def) = self.version(text).await?;
+                self.validate(&def).await?
+            }
+        };
+        let (_, baseline_def) = self.version(baseline).await?;
+        let baseline = self.validate(&baseline_def).await?;
+        let bench = crate::shadow::Bench {
+            live: self.inner.store.clone(),
+            sandbox: self.inner.sandbox.clone(),
+            models: self.inner.models.clone(),
+            live_executor: &self.inner.executor,
+        };
+        Ok(crate::shadow::evaluate(bench, &baseline, &candidate, opts).await?)
     }
 
     /// Registered tools.

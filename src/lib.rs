@@ -24,6 +24,7 @@ pub mod armory;
 pub mod diff;
 mod host;
 pub mod mcp;
+pub mod shadow;
 pub mod tools;
 
 pub use armory::{CheckError, check, fetch_subworkflows};

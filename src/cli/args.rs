@@ -118,6 +118,36 @@ pub enum Command {
     /// Print the JSON Schema of the workflow format (for editors).
     #[command(after_help = "Example: poimen schema > workflow.schema.json")]
     Schema,
+    /// Run a candidate version on recorded runs of a baseline, in the sandbox, and compare.
+    #[command(
+        after_help = "Example: poimen shadow --candidate flow.yaml --baseline b3:1a2b3c --runs 50 --html report.html\n\nNothing is written to the live store; both versions must be sandbox-eligible (see `poimen plan`)."
+    )]
+    Shadow {
+        /// The candidate: a workflow file (validated, not published) or a version.
+        #[arg(long, value_name = "FILE|VERSION")]
+        candidate: String,
+        /// The baseline: a published version (or unique prefix, or ID@latest).
+        #[arg(long, value_name = "VERSION")]
+        baseline: String,
+        /// The most recent N finished runs of the baseline (default 100).
+        #[arg(long, value_name = "N", conflicts_with_all = ["since", "sample"])]
+        runs: Option<u32>,
+        /// Runs since a time: RFC 3339 (`2026-11-01T00:00:00Z`) or a duration ago (`24h`, `7d`).
+        #[arg(long, value_name = "TIME", conflicts_with = "sample")]
+        since: Option<String>,
+        /// A deterministic sample of the baseline's runs, rate in 0..=1.
+        #[arg(long, value_name = "RATE")]
+        sample: Option<f64>,
+        /// Model answers: replay (recorded, by prompt hash), live, or replay-or-live.
+        #[arg(long, value_name = "MODE", default_value = "replay")]
+        models: String,
+        /// Shadow runs at once (default: the number of cores).
+        #[arg(long, value_name = "N")]
+        workers: Option<usize>,
+        /// Also write a self-contained HTML report here.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
     /// Show the execution plan: steps in order, fan-outs, tools with digests, eligibility.
     #[command(after_help = "Example: poimen plan flow.yaml")]
     Plan { target: String },

@@ -250,6 +250,21 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             }
             Ok(exit::OK)
         }
+        Command::Shadow {
+            candidate,
+            baseline,
+            runs,
+            since,
+            sample,
+            models,
+            workers,
+            html,
+        } => {
+            shadow_verb(
+                g, host, &candidate, &baseline, runs, since, sample, &models, workers, html,
+            )
+            .await
+        }
         Command::Plan { target } => {
             let plan = host.plan(&Target::parse(&target)).await?;
             if g.json {
@@ -980,4 +995,96 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
 
 fn read_component(file: &Path) -> Result<Vec<u8>> {
     std::fs::read(file).map_err(|e| Usage(format!("cannot read {}: {e}", file.display())).into())
+}
+
+/// `poimen shadow`.
+#[allow(clippy::too_many_arguments)]
+async fn shadow_verb(
+    g: &Global,
+    host: &Host,
+    candidate: &str,
+    baseline: &str,
+    runs: Option<u32>,
+    since: Option<String>,
+    sample: Option<f64>,
+    models: &str,
+    workers: Option<usize>,
+    html: Option<PathBuf>,
+) -> Result<u8> {
+    use poimen::shadow::{Selection, ShadowOptions};
+    let models = models.parse().map_err(Usage)?;
+    let selection = match (runs, since, sample) {
+        (_, Some(t), _) => Selection::Since(parse_since(&t)?),
+        (_, None, Some(rate)) => Selection::Sample(rate),
+        (n, None, None) => Selection::Latest(n.unwrap_or(100)),
+    };
+    let mut opts = ShadowOptions {
+        selection,
+        models,
+        ..ShadowOptions::default()
+    };
+    if let Some(w) = workers {
+        opts.workers = w.max(1);
+    }
+    let bar = if std::io::stderr().is_terminal() && !g.json {
+        let pb = indicatif::ProgressBar::new(0);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} shadow runs")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(pb)
+    } else {
+        None
+    };
+    if let Some(pb) = &bar {
+        let pb = pb.clone();
+        opts.progress = Some(std::sync::Arc::new(move |done, total| {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        }));
+    }
+    let report = host
+        .shadow(&Target::parse(candidate), baseline, &opts)
+        .await?;
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    if let Some(path) = &html {
+        std::fs::write(path, poimen::shadow::render_html(&report))
+            .with_context(|| format!("cannot write the HTML report to {}", path.display()))?;
+    }
+    if g.json {
+        print_json(&report)?;
+    } else {
+        print!("{}", poimen::shadow::render_text(&report));
+        if let Some(path) = &html {
+            println!("HTML report: {}", path.display());
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `--since`: RFC 3339, or a duration ago.
+fn parse_since(text: &str) -> Result<i64> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        return Ok(i64::try_from(ms).unwrap_or(i64::MAX));
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|n| n.as_millis())
+                .unwrap_or(0);
+            let ago = now.saturating_sub(d.as_millis());
+            Ok(i64::try_from(ago).unwrap_or(i64::MAX))
+        }
+        Err(_) => Err(Usage(format!(
+            "--since `{text}` is neither an RFC 3339 time (2026-11-01T00:00:00Z) nor a duration (24h, 7d)"
+        ))
+        .into()),
+    }
 }

@@ -51,6 +51,13 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
     {
         match p {
             poimen::Error::Parse(_) | poimen::Error::Invalid { .. } => exit::INVALID,
+            poimen::Error::Shadow(s) => match s {
+                poimen::shadow::ShadowError::Ineligible(_)
+                | poimen::shadow::ShadowError::DifferentWorkflows { .. } => exit::INVALID,
+                poimen::shadow::ShadowError::NoRuns { .. }
+                | poimen::shadow::ShadowError::BadRate(_) => exit::USAGE,
+                _ => exit::ERROR,
+            },
             poimen::Error::Read { .. }
             | poimen::Error::TooLarge { .. }
             | poimen::Error::UnknownFormat { .. }

@@ -7,4 +7,5 @@ mod cli;
 mod crash;
 mod embed;
 mod mcp;
+mod shadow;
 mod support;

@@ -1,0 +1,429 @@
+//! Shadow evaluation end to end: a real host over a real SQLite store runs
+//! the README's workflow; candidates are evaluated against those recorded
+//! runs through the library API and through `poimen shadow`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use poimen::shadow::{ModelMode, Selection, ShadowError, ShadowOptions, StepDiff, Verdict};
+use poimen::{Host, Target};
+use serde_json::{Value, json};
+
+use crate::support::{Env, fixture, shared_cache};
+
+const POLICY: &str = r#"
+[plugins.ledger]
+fs-write = { "/ledger" = "./ledger" }
+"#;
+
+const INPUTS: &[&str] = &[
+    "Please refund $40 to ana@example.com, cc bo@example.org",
+    "Hello there, nothing to see",
+    "A refund for carl@example.net please",
+    "Two words",
+];
+
+async fn host(env: &Env) -> Host {
+    std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
+    let policy = env.write("policy.toml", POLICY);
+    Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .policy_file(policy)
+        .build()
+        .await
+        .expect("host")
+}
+
+/// Runs the README workflow on every input; returns its version.
+async fn record_baseline(host: &Host) -> String {
+    let target = Target::File(fixture("examples/text-report.yaml"));
+    let mut version = None;
+    for text in INPUTS {
+        let out = host
+            .run(&target, json!({ "text": text }), None)
+            .await
+            .expect("baseline run");
+        assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+        let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+        version = Some(rec.version.to_string());
+    }
+    version.expect("a version")
+}
+
+fn opts() -> ShadowOptions {
+    ShadowOptions {
+        selection: Selection::Latest(100),
+        models: ModelMode::Replay,
+        workers: 2,
+        progress: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_a_reformatted_candidate_is_the_baseline_and_ties_everywhere() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    let report = host
+        .shadow(
+            &Target::File(fixture("shadow/text-report.reformatted.json")),
+            &baseline,
+            &opts(),
+        )
+        .await
+        .expect("shadow");
+    assert!(report.same_version, "formatting is not meaning");
+    assert_eq!(report.candidate.to_string(), baseline);
+    assert!(report.version_diff.is_empty(), "{:?}", report.version_diff);
+    let a = &report.aggregate;
+    assert_eq!(
+        (a.runs, a.ties, a.wins, a.losses),
+        (INPUTS.len(), INPUTS.len(), 0, 0)
+    );
+    assert_eq!(a.outputs_equal, INPUTS.len());
+    for r in &report.runs {
+        assert!(r.output_equal && r.episode_diff.is_empty(), "{r:#?}");
+        assert_eq!(r.output_diff, json!([]));
+        assert_eq!(r.verdict, Verdict::Tie);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_a_changed_tool_argument_shows_in_the_output_and_episode_diffs() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    let report = host
+        .shadow(
+            &Target::File(fixture("shadow/text-report.changed-arg.yaml")),
+            &baseline,
+            &opts(),
+        )
+        .await
+        .expect("shadow");
+    assert!(!report.same_version);
+    assert!(
+        report.version_diff.iter().any(|c| c.contains("flag")),
+        "{:?}",
+        report.version_diff
+    );
+    // Runs whose text has an email address and asks for money took `flag`:
+    // their output changed, and so did that step's input and output.
+    let flagged: Vec<_> = report.runs.iter().filter(|r| !r.output_equal).collect();
+    assert_eq!(flagged.len(), 2, "{:#?}", report.runs);
+    for r in &flagged {
+        let ops = r.output_diff.as_array().expect("patch");
+        assert!(
+            ops.iter().any(|op| op["path"] == json!("/text")
+                && op["value"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("[redacted]"))),
+            "{ops:?}"
+        );
+        assert!(
+            r.episode_diff.iter().any(|d| matches!(d,
+                StepDiff::Changed { step, fields, .. }
+                    if step == "flag" && fields.contains(&"input".to_owned()) && fields.contains(&"output".to_owned()))),
+            "{:#?}",
+            r.episode_diff
+        );
+    }
+    // The others did not change at all.
+    for r in report.runs.iter().filter(|r| r.output_equal) {
+        assert!(r.episode_diff.is_empty(), "{:#?}", r.episode_diff);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_a_changed_verifier_shows_as_losses_with_the_verdicts() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    let report = host
+        .shadow(
+            &Target::File(fixture("shadow/text-report.changed-verifier.yaml")),
+            &baseline,
+            &opts(),
+        )
+        .await
+        .expect("shadow");
+    let a = &report.aggregate;
+    assert_eq!(a.losses, INPUTS.len(), "{a:?}");
+    assert!(a.mean_delta < 0.0 && a.ci95.1 <= 0.0, "{a:?}");
+    for r in &report.runs {
+        assert_eq!(r.verdict, Verdict::Loss);
+        assert_eq!(r.candidate_status, store::RunStatus::Failed);
+        assert!(
+            r.episode_diff.iter().any(|d| matches!(d,
+                StepDiff::Changed { step, fields, candidate, .. }
+                    if step == "words" && fields.contains(&"verdicts".to_owned())
+                        && candidate.verdicts.iter().any(|v| v.ends_with("fail")))),
+            "{:#?}",
+            r.episode_diff
+        );
+    }
+    // Regressions first, then by run id: all are losses of equal delta.
+    let ids: Vec<&str> = report.runs.iter().map(|r| r.run.as_str()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+}
+
+/// Every table of the SQLite store: row count and a hash of its rows.
+fn table_digests(db: &Path) -> BTreeMap<String, (i64, String)> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open live store");
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .expect("tables")
+        .query_map([], |r| r.get(0))
+        .expect("tables")
+        .collect::<Result<_, _>>()
+        .expect("tables");
+    let mut out = BTreeMap::new();
+    for t in tables {
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM \"{t}\" ORDER BY rowid"))
+            .or_else(|_| conn.prepare(&format!("SELECT * FROM \"{t}\"")))
+            .expect("select");
+        let cols = stmt.column_count();
+        let mut hasher = blake3::Hasher::new();
+        let mut n = 0i64;
+        let mut rows = stmt.query([]).expect("rows");
+        while let Some(row) = rows.next().expect("row") {
+            n += 1;
+            for i in 0..cols {
+                let v: rusqlite::types::Value = row.get(i).expect("value");
+                hasher.update(format!("{v:?}").as_bytes());
+            }
+        }
+        out.insert(t, (n, hasher.finalize().to_hex().to_string()));
+    }
+    out
+}
+
+fn ledger_digest(env: &Env) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(env.path().join("ledger")) {
+        for e in dir.flatten() {
+            let bytes = std::fs::read(e.path()).expect("ledger file");
+            out.push((
+                e.file_name().to_string_lossy().into_owned(),
+                blake3::hash(&bytes).to_hex().to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_leaves_the_live_tables_and_the_ledger_byte_identical() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    // A live effect, so the ledger file exists.
+    let ledger_wf = env.write(
+        "ledger.yaml",
+        "id: t.ledger\nsteps:\n  - id: append\n    tool: {name: \"ledger@^0.1\", args: {entry: {n: 1}}}\n",
+    );
+    let out = host
+        .run(&Target::File(ledger_wf), json!({}), None)
+        .await
+        .expect("ledger run");
+    assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+    let db = env.path().join(".poimen/poimen.db");
+    let tables_before = table_digests(&db);
+    let ledger_before = ledger_digest(&env);
+    assert!(!ledger_before.is_empty(), "the ledger file exists");
+    assert!(tables_before.get("runs").is_some_and(|(n, _)| *n >= 5));
+
+    for candidate in [
+        "shadow/text-report.reformatted.json",
+        "shadow/text-report.changed-arg.yaml",
+        "shadow/text-report.changed-verifier.yaml",
+    ] {
+        host.shadow(&Target::File(fixture(candidate)), &baseline, &opts())
+            .await
+            .expect("shadow");
+    }
+    // The ineligible candidate is refused before anything runs.
+    match host
+        .shadow(
+            &Target::File(fixture("shadow/ineligible.yaml")),
+            &baseline,
+            &opts(),
+        )
+        .await
+    {
+        Err(poimen::Error::Shadow(ShadowError::Ineligible(report))) => {
+            let text = report.to_string();
+            assert!(text.contains("record") && text.contains("ledger"), "{text}");
+        }
+        other => panic!("expected Ineligible, got {other:?}"),
+    }
+    assert_eq!(table_digests(&db), tables_before, "live tables unchanged");
+    assert_eq!(ledger_digest(&env), ledger_before, "ledger unchanged");
+}
+
+/// The report as JSON with the fields it lists as volatile blanked.
+fn without_volatile(report: &poimen::shadow::ShadowReport) -> Value {
+    let mut v = serde_json::to_value(report).expect("json");
+    for field in &report.volatile_fields {
+        let key = field.strip_prefix("runs[].").expect("a per-run field");
+        for run in v["runs"].as_array_mut().expect("runs") {
+            run[key] = Value::Null;
+        }
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_two_evaluations_of_the_same_runs_report_identically() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    let candidate = Target::File(fixture("shadow/text-report.changed-arg.yaml"));
+    let mut one = opts();
+    one.workers = 1;
+    let a = host
+        .shadow(&candidate, &baseline, &one)
+        .await
+        .expect("first");
+    let b = host
+        .shadow(&candidate, &baseline, &opts())
+        .await
+        .expect("second");
+    assert_eq!(
+        a.volatile_fields,
+        vec!["runs[].baseline_latency_ms", "runs[].candidate_latency_ms"]
+    );
+    assert_eq!(without_volatile(&a), without_volatile(&b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
+    let env = Env::new();
+    let wf = env.write(
+        "summarize.yaml",
+        "id: t.summarize\nsteps:\n  - id: sum\n    model:\n      prompt: \"Summarize: {{ inputs.text }}\"\n",
+    );
+    let live = Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .model(poimen::ModelChoice::Scripted(vec![
+            executor::model::Rule::contains("Summarize", "A summary."),
+        ]))
+        .build()
+        .await
+        .expect("host");
+    let out = live
+        .run(&Target::File(wf.clone()), json!({"text": "abc"}), None)
+        .await
+        .expect("run");
+    assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+    let (rec, _) = live.status(out.run.as_str()).await.expect("status");
+    drop(live);
+    // A host with no model at all: replay needs none.
+    let host = Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .build()
+        .await
+        .expect("host");
+    let report = host
+        .shadow(&Target::File(wf), &rec.version.to_string(), &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.models.replayed, 1, "{r:#?}");
+    assert_eq!(r.models.missing, 0);
+    assert!(r.output_equal && r.verdict == Verdict::Tie, "{r:#?}");
+    // A changed prompt has no recorded answer: replay-only fails that step,
+    // naming the prompt hash — never a made-up answer.
+    let changed = env.write(
+        "summarize2.yaml",
+        "id: t.summarize\nsteps:\n  - id: sum\n    model:\n      prompt: \"Summarize briefly: {{ inputs.text }}\"\n",
+    );
+    let report = host
+        .shadow(&Target::File(changed), &rec.version.to_string(), &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.models.missing, 1);
+    assert_eq!(r.candidate_status, store::RunStatus::Failed);
+    assert!(
+        r.candidate_reason
+            .as_deref()
+            .is_some_and(|m| m.contains("no recorded answer for prompt b3:")),
+        "{:?}",
+        r.candidate_reason
+    );
+    assert_eq!(r.verdict, Verdict::Loss);
+}
+
+#[test]
+fn shadow_cli_prints_json_and_writes_a_self_contained_html_report() {
+    let env = Env::new();
+    let input = r#"{"text": "Please refund $40 to ana@example.com"}"#;
+    let (code, out) = env.json(&[
+        "run",
+        fixture("examples/text-report.yaml").to_str().expect("utf8"),
+        "--input",
+        input,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let run = out["run"].as_str().expect("run id").to_owned();
+    let (_, st) = env.json(&["status", &run]);
+    let version = st["run"]["version"].as_str().expect("version").to_owned();
+    let html = env.path().join("report.html");
+    let (code, report) = env.json(&[
+        "shadow",
+        "--candidate",
+        fixture("shadow/text-report.changed-arg.yaml")
+            .to_str()
+            .expect("utf8"),
+        "--baseline",
+        &version,
+        "--runs",
+        "10",
+        "--html",
+        html.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["aggregate"]["runs"], json!(1));
+    assert_eq!(report["runs"][0]["output_equal"], json!(false));
+    let page = std::fs::read_to_string(&html).expect("html report");
+    assert!(page.starts_with("<!doctype html>"));
+    assert!(page.contains("<svg") && page.contains("Worst regressions"));
+    assert!(
+        !page.contains("<script") && !page.contains("src=") && !page.contains("href="),
+        "self-contained: no scripts, no fetched resources"
+    );
+    // Refusals are specific and exit 3.
+    env.cmd()
+        .args([
+            "shadow",
+            "--candidate",
+            fixture("shadow/ineligible.yaml").to_str().expect("utf8"),
+            "--baseline",
+            &version,
+        ])
+        .assert()
+        .code(3);
+    env.cmd()
+        .args([
+            "shadow",
+            "--candidate",
+            fixture("examples/text-report.yaml").to_str().expect("utf8"),
+            "--baseline",
+            &version,
+            "--models",
+            "sometimes",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("replay, live or replay-or-live"));
+}
