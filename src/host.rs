@@ -451,8 +451,24 @@ impl Host {
         })
     }
 
-    /// The one stored version a full version or an abbreviation names.
+    /// The one stored version a full version, an abbreviation, or
+    /// `WORKFLOW_ID@latest` (the last published) names.
     pub async fn resolve_version(&self, text: &str) -> Result<WorkflowVersion, Error> {
+        if let Some(id) = text.strip_suffix("@latest") {
+            return match self
+                .inner
+                .store
+                .latest_version(&workflow::WorkflowId::from(id))
+                .await?
+            {
+                Some(record) => Ok(record.version),
+                None => Err(Error::NotFound {
+                    what: "workflow",
+                    given: id.to_owned(),
+                    hint: "`poimen versions` lists published workflows; publish it with `poimen publish FILE`".into(),
+                }),
+            };
+        }
         let prefix = VersionPrefix::parse(text).map_err(|e| Error::BadTarget {
             given: text.to_owned(),
             detail: e.to_string(),

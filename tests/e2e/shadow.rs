@@ -386,7 +386,7 @@ fn shadow_cli_prints_json_and_writes_a_self_contained_html_report() {
             .to_str()
             .expect("utf8"),
         "--baseline",
-        &version,
+        "examples.text_report@latest",
         "--runs",
         "10",
         "--html",
@@ -394,6 +394,7 @@ fn shadow_cli_prints_json_and_writes_a_self_contained_html_report() {
     ]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["aggregate"]["runs"], json!(1));
+    assert_eq!(report["baseline"], json!(version));
     assert_eq!(report["runs"][0]["output_equal"], json!(false));
     let page = std::fs::read_to_string(&html).expect("html report");
     assert!(page.starts_with("<!doctype html>"));
@@ -426,4 +427,66 @@ fn shadow_cli_prints_json_and_writes_a_self_contained_html_report() {
         .assert()
         .code(2)
         .stderr(predicates::str::contains("replay, live or replay-or-live"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let judged = |question: &str| {
+        format!(
+            "id: t.judged\nsteps:\n  - id: approve\n    judgment:\n      question: \"{question} {{{{ inputs.account }}}}?\"\n      result_schema: {{type: object, properties: {{ok: {{type: boolean}}}}, required: [ok]}}\n  - id: after\n    tool: {{name: \"json@^0.1\", args: {{value: \"{{{{ steps.approve.output }}}}\", select: \"\"}}}}\ntransitions:\n  - {{from: approve, to: after}}\n"
+        )
+    };
+    let wf = env.write("judged.yaml", &judged("Approve"));
+    let out = host
+        .run(&Target::File(wf.clone()), json!({"account": "acme"}), None)
+        .await
+        .expect("run");
+    assert_eq!(out.status, store::RunStatus::WaitingJudgment);
+    let j = host.judgments().await.expect("judgments").remove(0);
+    let done = host
+        .submit_judgment(
+            j.id.as_str(),
+            poimen::JudgmentSubmission {
+                request_hash: j.request_hash.clone(),
+                result: json!({"ok": true}),
+                executor: None,
+                profile: None,
+                provenance: json!({"judge": "ana"}),
+            },
+        )
+        .await
+        .expect("submit");
+    assert_eq!(
+        done.status,
+        store::RunStatus::Completed,
+        "{:?}",
+        done.reason
+    );
+    let (rec, _) = host.status(done.run.as_str()).await.expect("status");
+    let baseline = rec.version.to_string();
+
+    // The same request: the recorded answer is replayed.
+    let report = host
+        .shadow(&Target::File(wf), &baseline, &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.candidate_status, store::RunStatus::Completed, "{r:#?}");
+    assert!(r.unreplayed_judgments.is_empty());
+    assert!(r.output_equal && r.verdict == Verdict::Tie);
+
+    // Another question is another request: the shadow run waits, and says so.
+    let changed = env.write("judged2.yaml", &judged("Really approve"));
+    let report = host
+        .shadow(&Target::File(changed), &baseline, &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.candidate_status, store::RunStatus::WaitingJudgment);
+    assert_eq!(r.unreplayed_judgments, vec!["approve".to_owned()]);
+    assert_eq!(report.aggregate.waiting_judgment, 1);
+    // And the live store still has exactly the one judgment, answered.
+    assert!(host.judgments().await.expect("judgments").is_empty());
 }
