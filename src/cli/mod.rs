@@ -67,6 +67,8 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
             poimen::Error::Exec(x) => match x {
                 executor::ExecError::Store(_) | executor::ExecError::Episode { .. } => exit::ERROR,
                 executor::ExecError::Unavailable { .. } => exit::ERROR,
+                // Refused for want of a slot: like a blocked run, try later.
+                executor::ExecError::Overflow { .. } => exit::STOPPED,
                 _ => exit::USAGE,
             },
             _ => exit::ERROR,

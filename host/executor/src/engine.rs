@@ -90,6 +90,39 @@ pub enum ExecError {
     Store(#[from] StoreError),
     #[error("run {run}'s episode cannot be read: {detail}")]
     Episode { run: String, detail: String },
+    #[error(
+        "workflow `{workflow}`{} already has {} active run(s) ({}), its `concurrency.max_runs` is {max_runs} and `on_overflow` is drop: the run was refused; wait for one to finish, or cancel one with `poimen cancel RUN`",
+        key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default(),
+        active.len(),
+        active.join(", ")
+    )]
+    Overflow {
+        workflow: String,
+        key: Option<String>,
+        max_runs: u32,
+        active: Vec<String>,
+    },
+    #[error(
+        "the `key` template of workflow `{workflow}` cannot be rendered from the input: {detail}"
+    )]
+    Key { workflow: String, detail: String },
+}
+
+/// The rendered `key` of a run of `def` on `input`.
+fn render_key(def: &workflow::WorkflowDef, input: &Value) -> Result<String, ExecError> {
+    let Some(template) = &def.key else {
+        return Err(ExecError::Key {
+            workflow: def.id.to_string(),
+            detail: "`concurrency.scope: key` needs a `key` template".into(),
+        });
+    };
+    let ctx = serde_json::json!({ "inputs": input });
+    crate::render::render_text(&template.0, &ctx)
+        .map(|(text, _)| text)
+        .map_err(|e| ExecError::Key {
+            workflow: def.id.to_string(),
+            detail: e.to_string(),
+        })
 }
 
 /// Options of a new run.
@@ -147,7 +180,13 @@ pub(crate) struct Inner {
     pub armory: Arc<dyn Armory>,
     pub config: ExecutorConfig,
     active: std::sync::Mutex<HashMap<String, RunScope>>,
+    /// One admission at a time per workflow, so two starts cannot both see
+    /// the last free slot.
+    admission: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// How often a queued start looks for a free slot again.
+const QUEUE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Runs workflows.
 #[derive(Clone)]
@@ -184,6 +223,7 @@ impl Executor {
                 armory,
                 config,
                 active: std::sync::Mutex::new(HashMap::new()),
+                admission: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -212,9 +252,107 @@ impl Executor {
         input: Value,
         opts: StartOptions,
     ) -> Result<Started, ExecError> {
+        let _admitted = self
+            .admit(&armed, &input, opts.idempotency_key.as_deref())
+            .await?;
         self.inner
             .create(armed, input, None, opts.idempotency_key)
             .await
+    }
+
+    /// Applies the workflow's `concurrency` to a new top-level run: counts
+    /// the active (not final) runs in its scope — all runs of the workflow,
+    /// or those whose rendered `key` equals this input's — in the stores,
+    /// so the count survives restarts; then queues, refuses or replaces.
+    /// Returns the admission guard, to hold until the run is created.
+    async fn admit(
+        &self,
+        armed: &Armed,
+        input: &Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, ExecError> {
+        let def = &armed.def;
+        let Some(max) = def.concurrency.max_runs else {
+            return Ok(None);
+        };
+        let key = match def.concurrency.scope {
+            workflow::ConcurrencyScope::Workflow => None,
+            workflow::ConcurrencyScope::Key => Some(render_key(def, input)?),
+        };
+        let lock = self
+            .inner
+            .admission
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(def.id.to_string())
+            .or_default()
+            .clone();
+        let guard = lock.lock_owned().await;
+        loop {
+            let mut active = Vec::new();
+            for store in [&self.inner.store, &self.inner.memory] {
+                let runs = store
+                    .list_runs(store::RunFilter {
+                        workflow_id: Some(def.id.clone()),
+                        ..store::RunFilter::default()
+                    })
+                    .await?;
+                for r in runs {
+                    // A retried request under its idempotency key is not a
+                    // new run: `create` returns (or refuses) the existing one.
+                    if idempotency_key.is_some() && r.idempotency_key.as_deref() == idempotency_key
+                    {
+                        return Ok(Some(guard));
+                    }
+                    if r.parent.is_some() || r.status.is_terminal() {
+                        continue;
+                    }
+                    if let Some(k) = &key {
+                        let theirs = match store.blob(&r.input_hash).await? {
+                            Some(bytes) => serde_json::from_slice::<Value>(&bytes)
+                                .ok()
+                                .and_then(|v| render_key(def, &v).ok()),
+                            None => None,
+                        };
+                        if theirs.as_ref() != Some(k) {
+                            continue;
+                        }
+                    }
+                    active.push(r);
+                }
+            }
+            if active.len() < max as usize {
+                return Ok(Some(guard));
+            }
+            active.sort_by(|a, b| {
+                a.created_at
+                    .cmp(&b.created_at)
+                    .then_with(|| a.id.as_str().cmp(b.id.as_str()))
+            });
+            match def.concurrency.on_overflow {
+                workflow::Overflow::Drop => {
+                    return Err(ExecError::Overflow {
+                        workflow: def.id.to_string(),
+                        key,
+                        max_runs: max,
+                        active: active.iter().map(|r| r.id.to_string()).collect(),
+                    });
+                }
+                workflow::Overflow::Replace => {
+                    let excess = active.len() + 1 - max as usize;
+                    for r in active.iter().take(excess) {
+                        self.cancel(
+                            &r.id,
+                            "replaced by a newer run (concurrency.on_overflow: replace)",
+                        )
+                        .await?;
+                    }
+                }
+                workflow::Overflow::Queue => {
+                    self.inner.clock.sleep(QUEUE_POLL).await;
+                }
+            }
+        }
     }
 
     /// Finds which store holds a run.

@@ -1259,3 +1259,175 @@ async fn soundness_store_full_stops_the_run_unfinished_and_recovery_completes_it
     assert_eq!(out["text"].as_str().map(str::len), Some(2_000_000));
     h.checked(&done).await;
 }
+
+// ------------------------------------------------------------ admission
+
+/// A workflow whose runs stay active (waiting for a judgment) until answered.
+fn gated(on_overflow: Overflow, scope: ConcurrencyScope) -> WorkflowDef {
+    let mut def = WorkflowDef::new("t.gated")
+        .with_step(StepDef::new(
+            "gate",
+            JudgmentStep::new(
+                "Go on for {{ inputs.account }}?",
+                json!({"type": "object", "properties": {"go": {"type": "boolean"}}, "required": ["go"]}),
+            ),
+        ))
+        .with_concurrency(Concurrency {
+            max_runs: Some(1),
+            scope,
+            on_overflow,
+        });
+    if scope == ConcurrencyScope::Key {
+        def = def.with_key("{{ inputs.account }}");
+    }
+    def
+}
+
+async fn answer(h: &Harness, run: &store::RunId) -> RunOutcome {
+    let open = h.exec.open_judgments().await.expect("judgments");
+    let j = open
+        .iter()
+        .find(|j| &j.run == run)
+        .expect("the run's judgment");
+    h.exec
+        .submit_judgment(
+            j.id.as_str(),
+            executor::JudgmentSubmission {
+                request_hash: j.request_hash.clone(),
+                result: json!({"go": true}),
+                executor: None,
+                profile: None,
+                provenance: json!({"judge": "test"}),
+            },
+        )
+        .await
+        .expect("submit")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_drop_refuses_a_run_over_max_runs_naming_the_active_one() {
+    let h = harness(vec![]).await;
+    let def = gated(Overflow::Drop, ConcurrencyScope::Workflow);
+    let first = h.run(&def, json!({"account": "a"})).await;
+    assert_eq!(first.status, RunStatus::WaitingJudgment);
+    let armed = h.publish(&def).await;
+    let before = h
+        .store
+        .list_runs(store::RunFilter::default())
+        .await
+        .expect("runs")
+        .len();
+    match h
+        .exec
+        .run(
+            armed.clone(),
+            json!({"account": "b"}),
+            StartOptions::default(),
+        )
+        .await
+    {
+        Err(executor::ExecError::Overflow {
+            max_runs, active, ..
+        }) => {
+            assert_eq!(max_runs, 1);
+            assert_eq!(active, vec![first.run.to_string()]);
+        }
+        other => panic!("expected Overflow, got {other:?}"),
+    }
+    let after = h
+        .store
+        .list_runs(store::RunFilter::default())
+        .await
+        .expect("runs")
+        .len();
+    assert_eq!(before, after, "no run was created");
+    // Once the first run is done, the slot is free.
+    assert_eq!(answer(&h, &first.run).await.status, RunStatus::Completed);
+    let second = h
+        .exec
+        .run(armed, json!({"account": "b"}), StartOptions::default())
+        .await
+        .expect("admitted");
+    assert_eq!(second.status, RunStatus::WaitingJudgment);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_key_scope_counts_only_runs_about_the_same_key() {
+    let h = harness(vec![]).await;
+    let def = gated(Overflow::Drop, ConcurrencyScope::Key);
+    let a = h.run(&def, json!({"account": "acme"})).await;
+    assert_eq!(a.status, RunStatus::WaitingJudgment);
+    let armed = h.publish(&def).await;
+    let b = h
+        .exec
+        .run(
+            armed.clone(),
+            json!({"account": "bolt"}),
+            StartOptions::default(),
+        )
+        .await
+        .expect("another key is admitted");
+    assert_eq!(b.status, RunStatus::WaitingJudgment);
+    match h
+        .exec
+        .run(armed, json!({"account": "acme"}), StartOptions::default())
+        .await
+    {
+        Err(executor::ExecError::Overflow { key, active, .. }) => {
+            assert_eq!(key.as_deref(), Some("acme"));
+            assert_eq!(active, vec![a.run.to_string()]);
+        }
+        other => panic!("expected Overflow, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_replace_cancels_the_oldest_and_queue_waits_for_a_slot() {
+    let h = harness(vec![]).await;
+    // Replace.
+    let def = gated(Overflow::Replace, ConcurrencyScope::Workflow);
+    let old = h.run(&def, json!({"account": "a"})).await;
+    let armed = h.publish(&def).await;
+    let new = h
+        .exec
+        .run(armed, json!({"account": "b"}), StartOptions::default())
+        .await
+        .expect("admitted");
+    assert_eq!(new.status, RunStatus::WaitingJudgment);
+    assert_eq!(
+        h.exec.status(&old.run).await.expect("status").status,
+        RunStatus::Cancelled
+    );
+
+    // Queue: the second start waits until the first run finishes.
+    let mut def = gated(Overflow::Queue, ConcurrencyScope::Workflow);
+    def.id = WorkflowId::from("t.gated_queue");
+    let first = h.run(&def, json!({"account": "a"})).await;
+    let armed = h.publish(&def).await;
+    let exec = h.exec.clone();
+    let queued = tokio::spawn(async move {
+        exec.run(armed, json!({"account": "b"}), StartOptions::default())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "the second run waits for a slot");
+    assert_eq!(
+        h.store
+            .list_runs(store::RunFilter {
+                workflow_id: Some(def.id.clone()),
+                ..store::RunFilter::default()
+            })
+            .await
+            .expect("runs")
+            .len(),
+        1,
+        "a queued run is not created yet"
+    );
+    assert_eq!(answer(&h, &first.run).await.status, RunStatus::Completed);
+    let second = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("admitted once the slot is free")
+        .expect("task")
+        .expect("run");
+    assert_eq!(second.status, RunStatus::WaitingJudgment);
+}
