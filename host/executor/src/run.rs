@@ -579,31 +579,28 @@ impl RunCtx {
                     .steps
                     .get(&id)
                     .and_then(|s| s.current.finished.clone());
-                if finished.is_none() {
-                    self.record(
-                        vec![EpisodeEvent::AttemptFinished {
-                            step: id.clone(),
-                            iteration,
-                            attempt,
-                            failure: result.as_ref().err().cloned(),
-                        }],
-                        Vec::new(),
-                        None,
-                        Durability::Buffered,
-                    )
-                    .await?;
-                }
+                // The attempt's end is committed with what follows it (the
+                // step's end, or — before a retry's backoff — on its own):
+                // one store commit fewer per step. A crash before that commit
+                // re-derives the attempt's result from its recorded calls.
+                let attempt_end = finished.is_none().then(|| EpisodeEvent::AttemptFinished {
+                    step: id.clone(),
+                    iteration,
+                    attempt,
+                    failure: result.as_ref().err().cloned(),
+                });
                 match result {
                     Ok(output) => {
                         let receipt = self.receipt(&id, Some(&output)).await;
-                        let mut events = vec![EpisodeEvent::StepFinished {
+                        let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
+                        events.push(EpisodeEvent::StepFinished {
                             step: id.clone(),
                             iteration,
                             status: StepStatus::Completed,
                             output: Some(output.clone()),
                             failure: None,
                             receipt: Some(receipt),
-                        }];
+                        });
                         // Writes of parallel branches are applied by the join,
                         // in branch order, so completion order cannot matter.
                         let parallel_owned = owner.as_ref().is_some_and(|o| {
@@ -625,6 +622,10 @@ impl RunCtx {
                             .retry_class()
                             .is_some_and(|c| def.retry.on.contains(&c));
                         if retryable && attempt < def.retry.max_attempts {
+                            if let Some(end) = attempt_end {
+                                self.record(vec![end], Vec::new(), None, Durability::Buffered)
+                                    .await?;
+                            }
                             let delay = def.retry.delay_before(attempt + 1);
                             if delay.0 > 0
                                 && scope
@@ -650,20 +651,17 @@ impl RunCtx {
                             continue;
                         }
                         let receipt = self.receipt(&id, None).await;
-                        self.record(
-                            vec![EpisodeEvent::StepFinished {
-                                step: id.clone(),
-                                iteration,
-                                status: StepStatus::Failed,
-                                output: None,
-                                failure: Some(failure.clone()),
-                                receipt: Some(receipt),
-                            }],
-                            Vec::new(),
-                            None,
-                            Durability::Buffered,
-                        )
-                        .await?;
+                        let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
+                        events.push(EpisodeEvent::StepFinished {
+                            step: id.clone(),
+                            iteration,
+                            status: StepStatus::Failed,
+                            output: None,
+                            failure: Some(failure.clone()),
+                            receipt: Some(receipt),
+                        });
+                        self.record(events, Vec::new(), None, Durability::Buffered)
+                            .await?;
                         return Ok(StepEnd::Failed(failure));
                     }
                 }
