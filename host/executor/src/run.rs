@@ -104,6 +104,9 @@ pub(crate) struct RunCtx {
     state: tokio::sync::Mutex<RunState>,
     /// Intent phases recorded per (step, iteration, attempt).
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
+    /// Events recorded by the next commit, ahead of its own (a top-level
+    /// tool step's start rides with its `Pending` intent).
+    deferred: std::sync::Mutex<Vec<EpisodeEvent>>,
 }
 
 impl std::fmt::Debug for RunCtx {
@@ -147,7 +150,32 @@ impl RunCtx {
             depth,
             state: tokio::sync::Mutex::new(state),
             intents: std::sync::Mutex::new(phases),
+            deferred: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    /// Queues events for the next commit. Nothing is applied until then, so
+    /// a crash before it leaves no trace of them — as if they never
+    /// happened, which is true: nothing but them happened.
+    fn defer(&self, events: Vec<EpisodeEvent>) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(events);
+    }
+
+    /// Commits deferred events, if any.
+    async fn flush(&self) -> Result<(), Halt> {
+        let empty = self
+            .deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if empty {
+            return Ok(());
+        }
+        self.record(Vec::new(), Vec::new(), None, Durability::Buffered)
+            .await
     }
 
     /// A copy of the current state.
@@ -180,8 +208,10 @@ impl RunCtx {
         let mut state = self.state.lock().await;
         let at = self.exec.clock.now_ms();
         let first = state.last_seq.map_or(0, |s| s + 1);
-        let recorded: Vec<Recorded> = batch
-            .events
+        let mut events =
+            std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        events.extend(batch.events);
+        let recorded: Vec<Recorded> = events
             .into_iter()
             .enumerate()
             .map(|(i, event)| Recorded {
@@ -530,25 +560,28 @@ impl RunCtx {
                         });
                     }
                     let iteration = st.iteration + 1;
-                    self.record(
-                        vec![
-                            EpisodeEvent::StepStarted {
-                                step: id.clone(),
-                                iteration,
-                                kind: def.kind.name().to_owned(),
-                                owner: owner.clone(),
-                            },
-                            EpisodeEvent::AttemptStarted {
-                                step: id.clone(),
-                                iteration,
-                                attempt: 1,
-                            },
-                        ],
-                        Vec::new(),
-                        None,
-                        Durability::Buffered,
-                    )
-                    .await?;
+                    let start = vec![
+                        EpisodeEvent::StepStarted {
+                            step: id.clone(),
+                            iteration,
+                            kind: def.kind.name().to_owned(),
+                            owner: owner.clone(),
+                        },
+                        EpisodeEvent::AttemptStarted {
+                            step: id.clone(),
+                            iteration,
+                            attempt: 1,
+                        },
+                    ];
+                    // A top-level tool step's start is committed with its `Pending`
+                    // intent: one store commit fewer per tool step. (Not inside a
+                    // fan-out, where the step limit counts starts as they happen.)
+                    if matches!(def.kind, StepKind::Tool(_)) && owner.is_none() {
+                        self.defer(start);
+                    } else {
+                        self.record(start, Vec::new(), None, Durability::Buffered)
+                            .await?;
+                    }
                     (iteration, 1)
                 };
             if attempt == 0 {
@@ -578,6 +611,7 @@ impl RunCtx {
                     .await
                     .steps
                     .get(&id)
+                    .filter(|s| s.iteration == iteration && s.attempt == attempt)
                     .and_then(|s| s.current.finished.clone());
                 // The attempt's end is committed with what follows it (the
                 // step's end, or — before a retry's backoff — on its own):
@@ -591,6 +625,7 @@ impl RunCtx {
                 });
                 match result {
                     Ok(output) => {
+                        self.flush().await?;
                         let receipt = self.receipt(&id, Some(&output)).await;
                         let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
                         events.push(EpisodeEvent::StepFinished {
@@ -650,6 +685,7 @@ impl RunCtx {
                             .await?;
                             continue;
                         }
+                        self.flush().await?;
                         let receipt = self.receipt(&id, None).await;
                         let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
                         events.push(EpisodeEvent::StepFinished {
@@ -696,6 +732,7 @@ impl RunCtx {
             Stop::Lost => StepStatus::Lost,
             Stop::RunCancelled => StepStatus::Cancelled,
         };
+        self.flush().await?;
         let receipt = self.receipt(id, None).await;
         self.record(
             vec![EpisodeEvent::StepFinished {
@@ -752,7 +789,10 @@ impl RunCtx {
     ) -> Result<Result<Value, Failure>, AttemptStop> {
         let snap = self.snapshot().await;
         let st = snap.steps.get(&def.id).cloned().unwrap_or_default();
-        if let Some(finished) = &st.current.finished {
+        // Only this very attempt's records count: a deferred step start
+        // leaves the previous execution's records in the state.
+        let this_attempt = st.iteration == iteration && st.attempt == attempt;
+        if let Some(finished) = st.current.finished.as_ref().filter(|_| this_attempt) {
             // The attempt ended before a crash; only the step's end is missing.
             return Ok(match finished {
                 Some(f) => Err(f.clone()),
@@ -815,6 +855,7 @@ impl RunCtx {
         let recorded = snap
             .steps
             .get(&def.id)
+            .filter(|s| s.iteration == iteration && s.attempt == attempt)
             .and_then(|s| s.current.verdicts.clone());
         let verdicts = match recorded {
             Some(v) => v,
@@ -932,7 +973,15 @@ impl RunCtx {
     ) -> Result<Result<Value, Failure>, AttemptStop> {
         let halt = AttemptStop::Halt;
         let snap = self.snapshot().await;
-        if let Some(recorded) = snap.steps.get(&def.id).and_then(|s| s.current.tool.clone()) {
+        // A call already recorded for this very attempt (on resume). The
+        // guard matters: a step's start may still be deferred, and then the
+        // state still shows the previous execution's call.
+        if let Some(recorded) = snap
+            .steps
+            .get(&def.id)
+            .filter(|s| s.iteration == iteration && s.attempt == attempt)
+            .and_then(|s| s.current.tool.clone())
+        {
             return Ok(recorded.into_result());
         }
         let Some(pinned) = snap.tools.get(&tool.to_string()).cloned() else {

@@ -1431,3 +1431,47 @@ async fn admission_replace_cancels_the_oldest_and_queue_waits_for_a_slot() {
         .expect("run");
     assert_eq!(second.status, RunStatus::WaitingJudgment);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreter_tool_step_failing_before_its_call_still_records_its_attempt() {
+    // A top-level tool step's start is committed with its `Pending` intent;
+    // a step that fails before any call must still record its whole shape.
+    let h = harness(vec![]).await;
+    let def = WorkflowDef::new("t.early_fail")
+        .with_step(StepDef::tool(
+            "ok",
+            tool("json@^0.1"),
+            json!({"value": 1, "select": ""}),
+        ))
+        .with_step(StepDef::tool(
+            "bad",
+            tool("json@^0.1"),
+            json!({"value": "{{ inputs.n.missing.deeper }}", "select": ""}),
+        ))
+        .with_edge("ok", "bad");
+    let out = h.run(&def, json!({"n": 1})).await;
+    assert_eq!(out.status, RunStatus::Failed, "{:?}", out.reason);
+    let ep = h.checked(&out).await;
+    let bad: Vec<String> = structure(&ep)
+        .into_iter()
+        .filter(|l| l.contains("step=bad"))
+        .collect();
+    assert_eq!(
+        bad,
+        vec![
+            "step_started step=bad iteration=1",
+            "attempt_started step=bad iteration=1 attempt=1",
+            "attempt_finished step=bad iteration=1 attempt=1",
+            "step_finished step=bad iteration=1 status=failed",
+            "run_failed step=bad",
+        ]
+    );
+    assert!(
+        h.store
+            .intents(&out.run)
+            .await
+            .expect("intents")
+            .iter()
+            .all(|i| i.step.as_str() == "ok")
+    );
+}
