@@ -65,6 +65,9 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
             | poimen::Error::BadTarget { .. }
             | poimen::Error::BadInput(_) => exit::USAGE,
             poimen::Error::Exec(x) => match x {
+                executor::ExecError::Store(store::StoreError::IdempotencyConflict(_)) => {
+                    exit::USAGE
+                }
                 executor::ExecError::Store(_) | executor::ExecError::Episode { .. } => exit::ERROR,
                 executor::ExecError::Unavailable { .. } => exit::ERROR,
                 // Refused for want of a slot: like a blocked run, try later.

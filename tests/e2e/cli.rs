@@ -612,3 +612,52 @@ fn completions_and_help() {
         .stdout(predicate::str::contains("Example"));
     env.cmd().arg("frobnicate").assert().code(2);
 }
+
+#[test]
+fn run_idempotency_keys_return_the_existing_run_and_refuse_other_inputs() {
+    let env = Env::new();
+    let wf = fixture("examples/text-report.yaml");
+    let wf = wf.to_str().expect("utf8");
+    let a = r#"{"text": "one two three"}"#;
+    let (code, first) = env.json(&["run", wf, "--input", a, "--idempotency-key", "order-7"]);
+    assert_eq!(code, 0, "{first}");
+    let (code, again) = env.json(&["run", wf, "--input", a, "--idempotency-key", "order-7"]);
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(
+        again["run"], first["run"],
+        "the same key and input is the same run"
+    );
+    let (_, runs) = env.json(&["status"]);
+    let listed = runs
+        .as_array()
+        .or_else(|| runs["runs"].as_array())
+        .map(Vec::len);
+    assert_eq!(listed, Some(1), "one run: {runs}");
+    // The same key with another input is refused, naming both input hashes.
+    let out = env
+        .cmd()
+        .args([
+            "run",
+            wf,
+            "--input",
+            r#"{"text": "four"}"#,
+            "--idempotency-key",
+            "order-7",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a refused request is a usage error"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("order-7") && !err.contains("store failed"),
+        "{err}"
+    );
+    assert!(
+        err.matches("b3:").count() >= 2,
+        "names both input hashes: {err}"
+    );
+}

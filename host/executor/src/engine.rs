@@ -86,7 +86,7 @@ pub enum ExecError {
         "judgment {id}: the submission's provenance must name the judge (`provenance.judge`) — {detail}"
     )]
     Provenance { id: String, detail: String },
-    #[error("the store failed: {0}")]
+    #[error("{}", store_failed(.0))]
     Store(#[from] StoreError),
     #[error("run {run}'s episode cannot be read: {detail}")]
     Episode { run: String, detail: String },
@@ -106,6 +106,15 @@ pub enum ExecError {
         "the `key` template of workflow `{workflow}` cannot be rendered from the input: {detail}"
     )]
     Key { workflow: String, detail: String },
+}
+
+/// A store error in words: a refusal (an idempotency conflict) stands on
+/// its own; anything else is the store failing.
+fn store_failed(e: &StoreError) -> String {
+    match e {
+        StoreError::IdempotencyConflict(_) => e.to_string(),
+        other => format!("the store failed: {other}"),
+    }
 }
 
 /// The rendered `key` of a run of `def` on `input`.
