@@ -490,3 +490,56 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
     // And the live store still has exactly the one judgment, answered.
     assert!(host.judgments().await.expect("judgments").is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_scores_both_outputs_by_the_rubric() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let rubric = r#"
+rubric:
+  criteria:
+    - name: redacted
+      verifier: matches@^0.1
+      config: {pointer: /text, regex: "\\[redacted\\]"}
+      weight: 2
+    - name: shape
+      verifier: json-schema@^0.1
+      config:
+        schema: {type: object, required: [words]}
+"#;
+    let base = std::fs::read_to_string(fixture("examples/text-report.yaml")).expect("fixture");
+    let changed =
+        std::fs::read_to_string(fixture("shadow/text-report.changed-arg.yaml")).expect("fixture");
+    let base = env.write("base.yaml", &format!("{base}{rubric}"));
+    let cand = env.write("cand.yaml", &format!("{changed}{rubric}"));
+    let mut version = String::new();
+    for text in INPUTS {
+        let out = host
+            .run(&Target::File(base.clone()), json!({ "text": text }), None)
+            .await
+            .expect("baseline run");
+        let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+        version = rec.version.to_string();
+    }
+    let report = host
+        .shadow(&Target::File(cand), &version, &opts())
+        .await
+        .expect("shadow");
+    assert_eq!(report.scoring, "rubric");
+    let a = &report.aggregate;
+    assert_eq!((a.wins, a.ties, a.losses), (2, 2, 0), "{a:?}");
+    assert!(a.mean_delta > 0.0);
+    let names: Vec<&str> = a.criteria.iter().map(|c| c.criterion.as_str()).collect();
+    assert_eq!(names, vec!["redacted", "shape"]);
+    for r in report.runs.iter().filter(|r| r.verdict == Verdict::Win) {
+        let red = r
+            .scores
+            .iter()
+            .find(|s| s.criterion == "redacted")
+            .expect("redacted scored");
+        assert_eq!((red.baseline, red.candidate), (0.0, 1.0), "{r:#?}");
+        // (2·0 + 1·1) / 3 against (2·1 + 1·1) / 3.
+        assert!((r.baseline_score - 1.0 / 3.0).abs() < 1e-9, "{r:#?}");
+        assert!((r.candidate_score - 1.0).abs() < 1e-9, "{r:#?}");
+    }
+}
