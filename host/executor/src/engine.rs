@@ -212,6 +212,26 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
+    /// Arms the version a run started on, from its refolded state.
+    async fn arm_run(&self, run: &RunId, state: &RunState) -> Result<Arc<Armed>, ExecError> {
+        let version = state.version.ok_or_else(|| ExecError::Episode {
+            run: run.to_string(),
+            detail: "no run_started event".into(),
+        })?;
+        self.inner
+            .armory
+            .arm(&version)
+            .await
+            .map_err(|cause| ExecError::Unavailable {
+                workflow: state
+                    .workflow_id
+                    .as_ref()
+                    .map(|w| w.to_string())
+                    .unwrap_or_default(),
+                cause,
+            })
+    }
+
     /// An executor over a durable store (and an in-memory one for
     /// `durable: false` workflows).
     pub fn new(
@@ -456,19 +476,7 @@ impl Executor {
             });
         }
         let state = self.state(run).await?;
-        let version = state.version.ok_or_else(|| ExecError::Episode {
-            run: run.to_string(),
-            detail: "no run_started event".into(),
-        })?;
-        let armed =
-            self.inner
-                .armory
-                .arm(&version)
-                .await
-                .map_err(|cause| ExecError::Unavailable {
-                    workflow: rec.workflow_id.to_string(),
-                    cause,
-                })?;
+        let armed = self.arm_run(run, &state).await?;
         let topo = &armed.shape.topo;
         let from = match from {
             Some(f) => {
@@ -581,19 +589,7 @@ impl Executor {
                 run: run.to_string(),
                 detail: "empty intent list".into(),
             })?;
-        let version = state.version.ok_or_else(|| ExecError::Episode {
-            run: run.to_string(),
-            detail: "no run_started event".into(),
-        })?;
-        let armed =
-            self.inner
-                .armory
-                .arm(&version)
-                .await
-                .map_err(|cause| ExecError::Unavailable {
-                    workflow: rec.workflow_id.to_string(),
-                    cause,
-                })?;
+        let armed = self.arm_run(run, &state).await?;
         let (outcome, phase, output_hash, error) = match &decision {
             Reconciliation::Committed { output } => {
                 let h = hash_json(output);
@@ -748,23 +744,7 @@ impl Executor {
         }
         let run = record.run.clone();
         let state = self.state(&run).await?;
-        let version = state.version.ok_or_else(|| ExecError::Episode {
-            run: run.to_string(),
-            detail: "no run_started event".into(),
-        })?;
-        let armed =
-            self.inner
-                .armory
-                .arm(&version)
-                .await
-                .map_err(|cause| ExecError::Unavailable {
-                    workflow: state
-                        .workflow_id
-                        .clone()
-                        .map(|w| w.to_string())
-                        .unwrap_or_default(),
-                    cause,
-                })?;
+        let armed = self.arm_run(&run, &state).await?;
         let ctx = RunCtx::new(
             self.inner.clone(),
             store.clone(),
