@@ -104,9 +104,31 @@ pub(crate) struct RunCtx {
     state: tokio::sync::Mutex<RunState>,
     /// Intent phases recorded per (step, iteration, attempt).
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
-    /// Events recorded by the next commit, ahead of its own (a top-level
-    /// tool step's start rides with its `Pending` intent).
-    deferred: std::sync::Mutex<Vec<EpisodeEvent>>,
+    /// Records the next commit carries ahead of its own (see [`Deferred`]).
+    deferred: std::sync::Mutex<Deferred>,
+}
+
+/// Records queued for the run's next commit, which carries them ahead of its
+/// own. On the serial spine (never inside a fan-out, whose branches commit
+/// concurrently) a top-level tool step's start rides with its `Pending`
+/// intent, and its `Committed`/`Failed` intent with the step's end: a
+/// durable tool step costs three store commits, two of them fsynced.
+///
+/// Nothing queued is applied until that commit, so a crash before it leaves
+/// no trace of it — as if it never happened. For a start that is true:
+/// nothing but it happened. For a tool call's outcome the recorded
+/// `Dispatched` intent stands for it, which recovery treats as it treats a
+/// crash just after the call (re-dispatch under the same idempotency key, or
+/// `outcome_unknown` for a non-idempotent tool).
+#[derive(Debug, Default)]
+struct Deferred {
+    events: Vec<EpisodeEvent>,
+    intents: Vec<IntentRecord>,
+    /// The carrying commit is fsynced whatever it asks for: an intent's
+    /// outcome is durable before the run moves on.
+    sync: bool,
+    /// Crash-injection points reached once the carrying commit returns.
+    crash_after: Vec<&'static str>,
 }
 
 impl std::fmt::Debug for RunCtx {
@@ -150,37 +172,55 @@ impl RunCtx {
             depth,
             state: tokio::sync::Mutex::new(state),
             intents: std::sync::Mutex::new(phases),
-            deferred: std::sync::Mutex::new(Vec::new()),
+            deferred: std::sync::Mutex::new(Deferred::default()),
         })
     }
 
-    /// Queues events for the next commit. Nothing is applied until then, so
-    /// a crash before it leaves no trace of them — as if they never
-    /// happened, which is true: nothing but them happened.
-    fn defer(&self, events: Vec<EpisodeEvent>) {
-        self.deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(events);
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Deferred> {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Commits deferred events, if any.
-    async fn flush(&self) -> Result<(), Halt> {
-        let empty = self
-            .deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
-        if empty {
-            return Ok(());
-        }
-        self.record(Vec::new(), Vec::new(), None, Durability::Buffered)
-            .await
+    /// Queues events for the next commit (see [`Deferred`]).
+    fn defer(&self, events: Vec<EpisodeEvent>) {
+        self.deferred().events.extend(events);
+    }
+
+    /// Queues a tool call's outcome for the next commit, which is then
+    /// fsynced (see [`Deferred`]); `crash_after` is reached once it is.
+    fn defer_outcome(
+        &self,
+        events: Vec<EpisodeEvent>,
+        intents: Vec<IntentRecord>,
+        crash_after: &'static str,
+    ) {
+        let mut d = self.deferred();
+        d.events.extend(events);
+        d.intents.extend(intents);
+        d.sync = true;
+        d.crash_after.push(crash_after);
     }
 
     /// A copy of the current state.
     pub async fn snapshot(&self) -> RunState {
         self.state.lock().await.clone()
+    }
+
+    /// The state as it will be once the queued records are committed.
+    async fn preview(&self) -> Result<RunState, Halt> {
+        let mut state = self.snapshot().await;
+        let events = self.deferred().events.clone();
+        let at = self.exec.clock.now_ms();
+        let first = state.last_seq.map_or(0, |s| s + 1);
+        for (i, event) in events.into_iter().enumerate() {
+            state
+                .apply(&Recorded {
+                    seq: first + i as u64,
+                    at,
+                    event,
+                })
+                .map_err(|e| Halt::Internal(e.to_string()))?;
+        }
+        Ok(state)
     }
 
     /// Records events (and intents, and a run-status change) in one commit,
@@ -208,9 +248,16 @@ impl RunCtx {
         let mut state = self.state.lock().await;
         let at = self.exec.clock.now_ms();
         let first = state.last_seq.map_or(0, |s| s + 1);
-        let mut events =
-            std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        let deferred = std::mem::take(&mut *self.deferred());
+        let mut events = deferred.events;
         events.extend(batch.events);
+        let mut intents = deferred.intents;
+        intents.extend(batch.intents);
+        let durability = if deferred.sync {
+            Durability::Sync
+        } else {
+            batch.durability
+        };
         let recorded: Vec<Recorded> = events
             .into_iter()
             .enumerate()
@@ -232,7 +279,7 @@ impl RunCtx {
                     body: serde_json::to_value(&r.event).unwrap_or(Value::Null),
                 })
                 .collect(),
-            intents: batch.intents.clone(),
+            intents: intents.clone(),
             judgments: batch.judgments,
             run_update: batch.update.map(|(status, reason, output_hash)| RunUpdate {
                 status,
@@ -240,21 +287,24 @@ impl RunCtx {
                 output_hash,
                 updated_at: at,
             }),
-            durability: batch.durability,
+            durability,
         };
         self.store.commit(commit).await.map_err(Halt::Store)?;
         for r in &recorded {
             state.apply(r).map_err(|e| Halt::Internal(e.to_string()))?;
         }
         drop(state);
-        if !batch.intents.is_empty() {
+        if !intents.is_empty() {
             let mut phases = self.intents.lock().unwrap_or_else(|p| p.into_inner());
-            for i in batch.intents {
+            for i in intents {
                 phases
                     .entry((i.step, i.iteration, i.attempt))
                     .or_default()
                     .push(i.phase);
             }
+        }
+        for point in deferred.crash_after {
+            crash_point(point);
         }
         Ok(())
     }
@@ -599,7 +649,12 @@ impl RunCtx {
                 .await?;
             }
             loop {
-                let result = match self.clone().attempt(&def, iteration, attempt, &scope).await {
+                let spine = owner.is_none();
+                let result = match self
+                    .clone()
+                    .attempt(&def, iteration, attempt, spine, &scope)
+                    .await
+                {
                     Ok(r) => r,
                     Err(AttemptStop::Halt(h)) => return Err(h),
                     Err(AttemptStop::Stopped(stop)) => {
@@ -625,8 +680,7 @@ impl RunCtx {
                 });
                 match result {
                     Ok(output) => {
-                        self.flush().await?;
-                        let receipt = self.receipt(&id, Some(&output)).await;
+                        let receipt = self.receipt(&id, Some(&output)).await?;
                         let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
                         events.push(EpisodeEvent::StepFinished {
                             step: id.clone(),
@@ -685,8 +739,7 @@ impl RunCtx {
                             .await?;
                             continue;
                         }
-                        self.flush().await?;
-                        let receipt = self.receipt(&id, None).await;
+                        let receipt = self.receipt(&id, None).await?;
                         let mut events: Vec<EpisodeEvent> = attempt_end.into_iter().collect();
                         events.push(EpisodeEvent::StepFinished {
                             step: id.clone(),
@@ -707,23 +760,23 @@ impl RunCtx {
     }
 
     /// The receipt of step `id`'s current execution, from its recorded
-    /// events; `finished_at` is now.
-    async fn receipt(&self, id: &StepId, output: Option<&Value>) -> Receipt {
-        let snap = self.snapshot().await;
+    /// and queued events; `finished_at` is now.
+    async fn receipt(&self, id: &StepId, output: Option<&Value>) -> Result<Receipt, Halt> {
+        let snap = self.preview().await?;
         let st = snap.steps.get(id);
         let kind = self
             .armed
             .step(id)
             .map_or("step", |d| d.kind.name())
             .to_owned();
-        Receipt {
+        Ok(Receipt {
             attempt: st.map_or(0, |s| s.attempt),
             action: st.and_then(|s| s.current.action.clone()).unwrap_or(kind),
             input_hash: st.and_then(|s| s.current.input_hash.clone()),
             output_hash: output.map(hash_json),
             started_at: st.map_or(0, |s| s.started_at),
             finished_at: self.exec.clock.now_ms(),
-        }
+        })
     }
 
     /// Records that a step stopped because its scope did.
@@ -732,8 +785,7 @@ impl RunCtx {
             Stop::Lost => StepStatus::Lost,
             Stop::RunCancelled => StepStatus::Cancelled,
         };
-        self.flush().await?;
-        let receipt = self.receipt(id, None).await;
+        let receipt = self.receipt(id, None).await?;
         self.record(
             vec![EpisodeEvent::StepFinished {
                 step: id.clone(),
@@ -780,11 +832,13 @@ impl RunCtx {
     }
 
     /// One attempt: the kind's work, then the verifiers.
+    /// `spine`: the step is on the run's serial spine (not a fan-out branch).
     async fn attempt(
         self: Arc<Self>,
         def: &StepDef,
         iteration: u32,
         attempt: u32,
+        spine: bool,
         scope: &RunScope,
     ) -> Result<Result<Value, Failure>, AttemptStop> {
         let snap = self.snapshot().await;
@@ -806,7 +860,16 @@ impl RunCtx {
         let (input, result) = match &def.kind {
             StepKind::Tool(t) => {
                 self.clone()
-                    .tool_attempt(def, &t.tool, &t.args.0, iteration, attempt, scope)
+                    .tool_attempt(
+                        def,
+                        &t.tool,
+                        &t.args.0,
+                        (iteration, attempt),
+                        // With no verifiers, the step's end follows the call
+                        // at once: the call's outcome can ride with it.
+                        spine && def.verify.is_empty(),
+                        scope,
+                    )
                     .await?
             }
             StepKind::Model(m) => {
@@ -940,8 +1003,8 @@ impl RunCtx {
         def: &StepDef,
         tool: &ToolRef,
         args: &Value,
-        iteration: u32,
-        attempt: u32,
+        (iteration, attempt): (u32, u32),
+        defer_outcome: bool,
         scope: &RunScope,
     ) -> Result<(Value, Result<Value, Failure>), AttemptStop> {
         let snap = self.snapshot().await;
@@ -950,7 +1013,14 @@ impl RunCtx {
             Err(e) => return Ok((Value::Null, Err(render_failure(e)))),
         };
         let result = self
-            .call_tool(def, tool, args.clone(), iteration, attempt, scope)
+            .call_tool(
+                def,
+                tool,
+                args.clone(),
+                (iteration, attempt),
+                defer_outcome,
+                scope,
+            )
             .await?;
         Ok((args, result))
     }
@@ -962,13 +1032,16 @@ impl RunCtx {
     /// is replayed, a dispatched one is re-dispatched with the same
     /// idempotency key when the tool is pure or idempotent, and blocks the run
     /// as `outcome_unknown` otherwise.
+    ///
+    /// With `defer_outcome` the outcome is queued for the step's end commit
+    /// (fsynced), which follows at once (see [`Deferred`]).
     async fn call_tool(
         &self,
         def: &StepDef,
         tool: &ToolRef,
         args: Value,
-        iteration: u32,
-        attempt: u32,
+        (iteration, attempt): (u32, u32),
+        defer_outcome: bool,
         scope: &RunScope,
     ) -> Result<Result<Value, Failure>, AttemptStop> {
         let halt = AttemptStop::Halt;
@@ -1168,28 +1241,29 @@ impl RunCtx {
                 )
             }
         };
-        self.record(
-            vec![EpisodeEvent::ToolCalled {
-                step: def.id.clone(),
-                iteration,
-                attempt,
-                tool: pinned.identity.clone(),
-                effect: pinned.effect,
-                args,
-                args_hash: args_hash.clone(),
-                idempotency_key: key.clone(),
-                capabilities: result.capabilities,
-                record: result.record.clone(),
-                outcome: outcome.clone(),
-                reconciled: false,
-            }],
-            vec![intent(phase, output_hash, error, Some(result.record))],
-            None,
-            Durability::Sync,
-        )
-        .await
-        .map_err(halt)?;
-        crash_point("after_committed");
+        let called = vec![EpisodeEvent::ToolCalled {
+            step: def.id.clone(),
+            iteration,
+            attempt,
+            tool: pinned.identity.clone(),
+            effect: pinned.effect,
+            args,
+            args_hash: args_hash.clone(),
+            idempotency_key: key.clone(),
+            capabilities: result.capabilities,
+            record: result.record.clone(),
+            outcome: outcome.clone(),
+            reconciled: false,
+        }];
+        let closed = vec![intent(phase, output_hash, error, Some(result.record))];
+        if defer_outcome {
+            self.defer_outcome(called, closed, "after_committed");
+        } else {
+            self.record(called, closed, None, Durability::Sync)
+                .await
+                .map_err(halt)?;
+            crash_point("after_committed");
+        }
         Ok(outcome.into_result())
     }
 

@@ -1475,3 +1475,233 @@ async fn interpreter_tool_step_failing_before_its_call_still_records_its_attempt
             .all(|i| i.step.as_str() == "ok")
     );
 }
+
+// ------------------------------------------------- a durable step's commits
+
+/// One store commit as the executor made it: durability, event kinds and
+/// the steps they concern, intent phases.
+#[derive(Debug, Clone, PartialEq)]
+struct CommitShape {
+    durability: store::Durability,
+    events: Vec<(String, Option<String>)>,
+    intents: Vec<(String, IntentPhase)>,
+}
+
+/// A SQLite store that notes the shape of every commit.
+#[derive(Debug)]
+struct Noting {
+    inner: SqliteStore,
+    commits: std::sync::Mutex<Vec<CommitShape>>,
+}
+
+#[async_trait::async_trait]
+impl Store for Noting {
+    async fn publish_version(
+        &self,
+        new: store::NewVersion,
+    ) -> store::StoreResult<store::PublishOutcome> {
+        self.inner.publish_version(new).await
+    }
+    async fn version(
+        &self,
+        version: &WorkflowVersion,
+    ) -> store::StoreResult<Option<store::VersionRecord>> {
+        self.inner.version(version).await
+    }
+    async fn resolve_version_prefix(
+        &self,
+        prefix: &VersionPrefix,
+    ) -> store::StoreResult<WorkflowVersion> {
+        self.inner.resolve_version_prefix(prefix).await
+    }
+    async fn versions_of(
+        &self,
+        workflow: &WorkflowId,
+    ) -> store::StoreResult<Vec<store::VersionRecord>> {
+        self.inner.versions_of(workflow).await
+    }
+    async fn latest_version(
+        &self,
+        workflow: &WorkflowId,
+    ) -> store::StoreResult<Option<store::VersionRecord>> {
+        self.inner.latest_version(workflow).await
+    }
+    async fn workflows(&self) -> store::StoreResult<Vec<store::WorkflowSummary>> {
+        self.inner.workflows().await
+    }
+    async fn put_blob(&self, bytes: Vec<u8>) -> store::StoreResult<store::BlobHash> {
+        self.inner.put_blob(bytes).await
+    }
+    async fn blob(&self, hash: &store::BlobHash) -> store::StoreResult<Option<Vec<u8>>> {
+        self.inner.blob(hash).await
+    }
+    async fn create_run(&self, new: store::NewRun) -> store::StoreResult<store::CreateRun> {
+        self.inner.create_run(new).await
+    }
+    async fn run(&self, id: &store::RunId) -> store::StoreResult<Option<store::RunRecord>> {
+        self.inner.run(id).await
+    }
+    async fn list_runs(
+        &self,
+        filter: store::RunFilter,
+    ) -> store::StoreResult<Vec<store::RunRecord>> {
+        self.inner.list_runs(filter).await
+    }
+    async fn children(&self, parent: &store::RunId) -> store::StoreResult<Vec<store::RunRecord>> {
+        self.inner.children(parent).await
+    }
+    async fn commit(&self, commit: store::Commit) -> store::StoreResult<()> {
+        let shape = CommitShape {
+            durability: commit.durability,
+            events: commit
+                .events
+                .iter()
+                .map(|e| {
+                    let step = e
+                        .body
+                        .get("step")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                    (e.kind.clone(), step)
+                })
+                .collect(),
+            intents: commit
+                .intents
+                .iter()
+                .map(|i| (i.step.as_str().to_owned(), i.phase))
+                .collect(),
+        };
+        self.inner.commit(commit).await?;
+        self.commits.lock().expect("commits").push(shape);
+        Ok(())
+    }
+    async fn events(&self, run: &store::RunId) -> store::StoreResult<Vec<store::StoredEvent>> {
+        self.inner.events(run).await
+    }
+    async fn events_after(
+        &self,
+        run: &store::RunId,
+        seq: u64,
+    ) -> store::StoreResult<Vec<store::StoredEvent>> {
+        self.inner.events_after(run, seq).await
+    }
+    async fn intents(&self, run: &store::RunId) -> store::StoreResult<Vec<store::IntentRecord>> {
+        self.inner.intents(run).await
+    }
+    async fn judgment(
+        &self,
+        id: &store::JudgmentId,
+    ) -> store::StoreResult<Option<store::JudgmentRecord>> {
+        self.inner.judgment(id).await
+    }
+    async fn open_judgments(&self) -> store::StoreResult<Vec<store::JudgmentRecord>> {
+        self.inner.open_judgments().await
+    }
+    async fn claim_run(
+        &self,
+        run: &store::RunId,
+        owner: &str,
+        now: i64,
+    ) -> store::StoreResult<bool> {
+        self.inner.claim_run(run, owner, now).await
+    }
+    async fn runs_owned_by(&self, owner: &str) -> store::StoreResult<Vec<store::RunRecord>> {
+        self.inner.runs_owned_by(owner).await
+    }
+    async fn in_flight_runs(&self) -> store::StoreResult<Vec<store::RunRecord>> {
+        self.inner.in_flight_runs().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
+    // The fsync budget of a durable tool step, held structurally: its start
+    // rides with `Pending` (buffered), `Dispatched` is fsynced before the
+    // guest runs, and the call's outcome is fsynced with the step's end —
+    // before the run moves on. A step with verifiers commits its outcome
+    // at once (the verifiers may take long).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let noting = Arc::new(Noting {
+        inner: SqliteStore::open(dir.path().join("poimen.db"))
+            .await
+            .expect("store"),
+        commits: std::sync::Mutex::new(Vec::new()),
+    });
+    let h = harness_on(
+        dir,
+        noting.clone(),
+        Arc::new(ScriptedProvider::new(vec![])),
+        |_, bytes| bytes.to_vec(),
+    )
+    .await;
+    let step = |id: &str| {
+        StepDef::tool(
+            id,
+            tool("json@^0.1"),
+            json!({"value": {"s": "{{ inputs.s }}"}, "select": "/s"}),
+        )
+    };
+    let def = WorkflowDef::new("t.commits")
+        .with_step(step("a"))
+        .with_step(step("b"))
+        .with_step(step("c").with_verifier(tool("matches@^0.1"), json!({"regex": "^seven$"})))
+        .with_edge("a", "b")
+        .with_edge("b", "c");
+    let out = h.run(&def, json!({"s": "seven"})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    h.checked(&out).await;
+
+    use store::Durability::{Buffered, Sync};
+    let of = |id: &str| -> Vec<CommitShape> {
+        noting
+            .commits
+            .lock()
+            .expect("commits")
+            .iter()
+            .filter(|c| {
+                c.events.iter().any(|(_, s)| s.as_deref() == Some(id))
+                    || c.intents.iter().any(|(s, _)| s == id)
+            })
+            .cloned()
+            .collect()
+    };
+    let ev = |kind: &str, id: &str| (kind.to_owned(), Some(id.to_owned()));
+    let b = of("b");
+    assert_eq!(
+        b,
+        vec![
+            CommitShape {
+                durability: Buffered,
+                events: vec![ev("step_started", "b"), ev("attempt_started", "b")],
+                intents: vec![("b".into(), IntentPhase::Pending)],
+            },
+            CommitShape {
+                durability: Sync,
+                events: vec![],
+                intents: vec![("b".into(), IntentPhase::Dispatched)],
+            },
+            CommitShape {
+                durability: Sync,
+                events: vec![
+                    ev("tool_called", "b"),
+                    ev("attempt_finished", "b"),
+                    ev("step_finished", "b"),
+                ],
+                intents: vec![("b".into(), IntentPhase::Committed)],
+            },
+        ],
+        "{b:#?}"
+    );
+    let c = of("c");
+    assert_eq!(c.len(), 5, "{c:#?}");
+    assert_eq!(
+        c[2],
+        CommitShape {
+            durability: Sync,
+            events: vec![ev("tool_called", "c")],
+            intents: vec![("c".into(), IntentPhase::Committed)],
+        },
+        "{c:#?}"
+    );
+    assert_eq!(c[3].events, vec![ev("verified", "c")], "{c:#?}");
+}
