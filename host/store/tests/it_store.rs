@@ -2058,3 +2058,26 @@ fn errors_say_what_where_and_what_to_do() {
     );
     assert!(msgs[3].contains("backup"), "{}", msgs[3]);
 }
+
+/// Blocking store work runs where the runtime allows: `block_in_place` on a
+/// multi-threaded runtime (every other test here), the blocking pool on a
+/// current-thread runtime (where `block_in_place` would panic) — both must
+/// write and read the same.
+#[tokio::test(flavor = "current_thread")]
+async fn sqlite_store_works_on_a_current_thread_runtime() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = sqlite_at(&dir.path().join("poimen.db")).await;
+    let run = make_run(&s, 1).await;
+    let mut c = commit_of(&run.id, vec![event(0, "a"), event(1, "b")]);
+    c.intents = vec![intent(&run.id, "a", 1, IntentPhase::Pending)];
+    s.commit(c).await.expect("commit");
+    let kinds: Vec<String> = s
+        .events(&run.id)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["a", "b"]);
+    assert_eq!(s.intents(&run.id).await.expect("intents").len(), 1);
+}

@@ -1,9 +1,12 @@
 //! [`SqliteStore`]: the embedded default store — one SQLite file in WAL mode.
 //!
 //! This module owns opening a file as a store (refusing what is not one),
-//! the connections, and running every operation off the async runtime:
-//! each call goes to `tokio::task::spawn_blocking`, so an fsync never blocks
-//! a tokio worker. Writes go through one writer connection behind a mutex
+//! the connections, and running every operation without stalling the async
+//! runtime: on a multi-threaded runtime each call runs in
+//! `tokio::task::block_in_place` (the worker hands its other tasks to
+//! another thread first), on a current-thread runtime in
+//! `tokio::task::spawn_blocking` — so an fsync never holds up other tasks.
+//! Writes go through one writer connection behind a mutex
 //! (SQLite has one writer at a time anyway); reads go to a small pool of
 //! read-only connections, which WAL lets run beside the writer.
 //!
@@ -193,16 +196,31 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Runs `f` where it may block. On a multi-threaded runtime that is the
+    /// calling thread, through `block_in_place`: the worker first hands its
+    /// other tasks to another thread, so they keep running, and the caller
+    /// pays no hop to the blocking pool and back (two cross-thread wake-ups
+    /// per commit, ~40–70 µs of a durable tool step's ~150 µs of non-fsync
+    /// commit cost on a 2-vCPU VM; BENCHMARKS.md). Elsewhere (a
+    /// current-thread runtime, where `block_in_place` is not allowed) it is
+    /// the blocking pool; outside any runtime, the calling thread.
     async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Inner) -> StoreResult<T> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        join(
-            &self.inner.path,
-            tokio::task::spawn_blocking(move || f(&inner)).await,
-        )
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(RuntimeFlavor::CurrentThread) => {
+                let inner = Arc::clone(&self.inner);
+                join(
+                    &self.inner.path,
+                    tokio::task::spawn_blocking(move || f(&inner)).await,
+                )
+            }
+            Ok(_) => tokio::task::block_in_place(|| f(&self.inner)),
+            Err(_) => f(&self.inner),
+        }
     }
 
     async fn write<T, F>(&self, durability: Durability, f: F) -> StoreResult<T>

@@ -28,14 +28,21 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order. Append only: a released migration never changes.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "versions, blobs, runs, events, intents, judgments",
-    sql: include_str!("schema_v1.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "versions, blobs, runs, events, intents, judgments",
+        sql: include_str!("schema_v1.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "intents: drop the redundant index intents_by_run",
+        sql: include_str!("schema_v2.sql"),
+    },
+];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 
@@ -191,6 +198,30 @@ mod tests {
             .execute_batch(include_str!("../../tests/fixtures/store_v1.sql"))
             .expect("load fixture");
         assert_eq!(schema_of(&fresh), schema_of(&fixture));
+    }
+
+    /// Migration 2 drops `intents_by_run`; reading a run's intents in write
+    /// order then goes through `intents_by_attempt`, never a table scan.
+    #[test]
+    fn migration_two_drops_the_redundant_intent_index() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn, Path::new(":memory:"), MIGRATIONS).expect("migrate");
+        let names: Vec<String> = schema_of(&conn).into_iter().map(|(_, n, _)| n).collect();
+        assert!(!names.iter().any(|n| n == "intents_by_run"), "{names:?}");
+        assert!(names.iter().any(|n| n == "intents_by_attempt"), "{names:?}");
+        let plan: Vec<String> = conn
+            .prepare("EXPLAIN QUERY PLAN SELECT id FROM intents WHERE run = 'WFR-x' ORDER BY id")
+            .expect("prepare")
+            .query_map([], |r| r.get::<_, String>(3))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("USING COVERING INDEX intents_by_attempt")
+                    || l.contains("USING INDEX intents_by_attempt")),
+            "{plan:?}"
+        );
     }
 
     const V2: Migration = Migration {
