@@ -102,12 +102,50 @@ async fn setup(dir: &std::path::Path) -> Bench {
     }
 }
 
-fn benches(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
+        .expect("runtime")
+}
+
+impl Bench {
+    /// The chain of `n` steps, validated and armed.
+    fn arm(&self, rt: &tokio::runtime::Runtime, n: usize, durable: bool) -> Arc<executor::Armed> {
+        rt.block_on(async {
+            let validated = poimen::check(&*self.store, &self.sandbox, &chain(n, durable))
+                .await
+                .expect("validates");
+            self.armory.arm_validated(validated)
+        })
+    }
+}
+
+/// A file for raw fsyncs; [`fsync_page`] appends to it.
+fn fsync_file(path: PathBuf) -> std::fs::File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("fsync file")
+}
+
+/// One 4 KiB append + `fdatasync`: the unit of the target.
+fn fsync_page(f: &mut std::fs::File) {
+    f.write_all(&[7u8; 4096]).expect("write");
+    f.sync_data().expect("fsync");
+}
+
+/// The `k`-th quartile of `v` (2: the median).
+fn quartile(v: &[f64], k: usize) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[k * (v.len() - 1) / 4]
+}
+
+fn benches(c: &mut Criterion) {
+    let rt = runtime();
     let dir = bench_dir();
     let b = rt.block_on(setup(&dir));
 
@@ -129,13 +167,7 @@ fn benches(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(8));
     for durable in [false, true] {
         for n in [1usize, 10] {
-            let def = chain(n, durable);
-            let armed = rt.block_on(async {
-                let validated = poimen::check(&*b.store, &b.sandbox, &def)
-                    .await
-                    .expect("validates");
-                b.armory.arm_validated(validated)
-            });
+            let armed = b.arm(&rt, n, durable);
             let label = if durable { "durable" } else { "ephemeral" };
             group.bench_with_input(BenchmarkId::new(label, n), &n, |bench, _| {
                 bench.to_async(&rt).iter(|| async {
@@ -152,19 +184,8 @@ fn benches(c: &mut Criterion) {
     }
     group.finish();
 
-    let path = dir.join("fsync.bin");
-    let mut f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .expect("fsync file");
-    let page = vec![7u8; 4096];
-    c.bench_function("fsync/4KiB", |bench| {
-        bench.iter(|| {
-            f.write_all(&page).expect("write");
-            f.sync_data().expect("fsync");
-        })
-    });
+    let mut f = fsync_file(dir.join("fsync.bin"));
+    c.bench_function("fsync/4KiB", |bench| bench.iter(|| fsync_page(&mut f)));
 }
 
 /// The durable step in fsyncs, measured pairwise. The disk's fsync latency
@@ -182,29 +203,14 @@ fn paired(_: &mut Criterion) {
     {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let dir = bench_dir();
     let b = rt.block_on(setup(&dir));
-    let arm = |n: usize, durable: bool| {
-        rt.block_on(async {
-            let validated = poimen::check(&*b.store, &b.sandbox, &chain(n, durable))
-                .await
-                .expect("validates");
-            b.armory.arm_validated(validated)
-        })
-    };
-    let (e1, e10, d1, d10) = (arm(1, false), arm(10, false), arm(1, true), arm(10, true));
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let (e1, e10) = (b.arm(&rt, 1, false), b.arm(&rt, 10, false));
+    let (d1, d10) = (b.arm(&rt, 1, true), b.arm(&rt, 10, true));
     // Times one run of `armed`, in µs: the median of `reps`.
     let time_run = |armed: &Arc<executor::Armed>, reps: usize| {
-        let v = (0..reps)
+        let v: Vec<f64> = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();
                 let out = rt
@@ -217,24 +223,18 @@ fn paired(_: &mut Criterion) {
                 t.elapsed().as_secs_f64() * 1e6
             })
             .collect();
-        median(v)
+        quartile(&v, 2)
     };
-    let mut f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("paired-fsync.bin"))
-        .expect("fsync file");
-    let page = vec![7u8; 4096];
+    let mut f = fsync_file(dir.join("paired-fsync.bin"));
     let mut time_fsync = |reps: usize| {
-        let v = (0..reps)
+        let v: Vec<f64> = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();
-                f.write_all(&page).expect("write");
-                f.sync_data().expect("fsync");
+                fsync_page(&mut f);
                 t.elapsed().as_secs_f64() * 1e6
             })
             .collect();
-        median(v)
+        quartile(&v, 2)
     };
     // Warm up: compile caches, the store's first pages.
     for a in [&e1, &e10, &d1, &d10] {
@@ -251,20 +251,15 @@ fn paired(_: &mut Criterion) {
         dur.push(ds);
         fs.push(fsync);
     }
-    let q = |v: &Vec<f64>, k: usize| {
-        let mut v = v.clone();
-        v.sort_by(f64::total_cmp);
-        v[k * (v.len() - 1) / 4]
-    };
     println!(
         "paired ({rounds} rounds): per step ephemeral {:.0} µs, durable {:.0} µs, fsync {:.0} µs; \
          durable − ephemeral in fsyncs of the same round: median {:.2} (quartiles {:.2}–{:.2})",
-        median(eph),
-        median(dur),
-        median(fs),
-        q(&ratios, 2),
-        q(&ratios, 1),
-        q(&ratios, 3),
+        quartile(&eph, 2),
+        quartile(&dur, 2),
+        quartile(&fs, 2),
+        quartile(&ratios, 2),
+        quartile(&ratios, 1),
+        quartile(&ratios, 3),
     );
 }
 
