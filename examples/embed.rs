@@ -42,8 +42,11 @@ fn status_of(e: &poimen::Error) -> StatusCode {
         poimen::Error::Parse(_) | poimen::Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         poimen::Error::NotFound { .. }
         | poimen::Error::Read { .. }
-        | poimen::Error::Exec(executor::ExecError::UnknownRun(_)) => StatusCode::NOT_FOUND,
-        poimen::Error::Exec(executor::ExecError::InvalidInput { .. })
+        | poimen::Error::Run(poimen::RunError::UnknownRun(_)) => StatusCode::NOT_FOUND,
+        poimen::Error::Start(poimen::StartError::InvalidInput { .. })
+        | poimen::Error::Run(poimen::RunError::Start(poimen::StartError::InvalidInput {
+            ..
+        }))
         | poimen::Error::BadTarget { .. } => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -3,6 +3,7 @@
 //! one line, its causes, and a documented exit code.
 
 mod cli;
+mod mcp;
 
 use std::process::ExitCode;
 

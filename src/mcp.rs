@@ -21,7 +21,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value, json};
 
-use crate::host::{Host, Target};
+use poimen::{Host, Target};
 
 /// The fixed tools: name, description, input schema.
 fn fixed_tools() -> Vec<(&'static str, &'static str, Value)> {
@@ -90,7 +90,7 @@ impl PoimenMcp {
         PoimenMcp { host }
     }
 
-    async fn tools(&self) -> Result<Vec<Tool>, crate::Error> {
+    async fn tools(&self) -> Result<Vec<Tool>, poimen::Error> {
         let mut tools: Vec<Tool> = fixed_tools()
             .into_iter()
             .map(|(name, description, schema)| Tool::new(name, description, object(schema)))
@@ -133,10 +133,10 @@ impl PoimenMcp {
                     )
                 })
         };
-        let result: Result<Value, crate::Error> = match name {
+        let result: Result<Value, poimen::Error> = match name {
             "workflow_list" => self.host.workflows().await.map(|w| json!({"workflows": w})),
             "workflow_actions" => {
-                let describe = |e: sandbox::Entry| {
+                let describe = |e: poimen::sandbox::Entry| {
                     json!({
                         "kind": e.kind, "name": e.info.name, "version": e.info.version.to_string(),
                         "digest": e.info.digest, "description": e.info.description, "effect": e.info.effect,
@@ -155,8 +155,8 @@ impl PoimenMcp {
                         "input_schema": w.info.input_schema, "status": "withheld", "withheld": w.reason,
                     });
                     match w.kind {
-                        sandbox::PluginKind::Tool => tools.push(row),
-                        sandbox::PluginKind::Verifier => verifiers.push(row),
+                        poimen::sandbox::PluginKind::Tool => tools.push(row),
+                        poimen::sandbox::PluginKind::Verifier => verifiers.push(row),
                     }
                 }
                 Ok(json!({"tools": tools, "verifiers": verifiers}))
@@ -243,11 +243,11 @@ impl PoimenMcp {
     }
 }
 
-fn outcome(o: &crate::RunOutcome) -> Value {
+fn outcome(o: &poimen::RunOutcome) -> Value {
     json!({"run": o.run, "status": o.status, "output": o.output, "reason": o.reason})
 }
 
-fn internal(e: crate::Error) -> McpError {
+fn internal(e: poimen::Error) -> McpError {
     McpError::internal_error(e.to_string(), None)
 }
 
@@ -284,14 +284,14 @@ impl ServerHandler for PoimenMcp {
 }
 
 /// Serves MCP on stdin/stdout until the client disconnects.
-pub async fn serve_stdio(host: Host) -> Result<(), crate::Error> {
+pub async fn serve_stdio(host: Host) -> anyhow::Result<()> {
     let server = PoimenMcp::new(host)
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| crate::Error::Mcp(e.to_string()))?;
+        .map_err(|e| anyhow::anyhow!("the MCP connection failed: {e}"))?;
     server
         .waiting()
         .await
-        .map_err(|e| crate::Error::Mcp(e.to_string()))?;
+        .map_err(|e| anyhow::anyhow!("the MCP connection failed: {e}"))?;
     Ok(())
 }

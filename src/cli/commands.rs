@@ -20,7 +20,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Schema => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&workflow::json_schema())?
+                serde_json::to_string_pretty(&poimen::workflow::json_schema())?
             );
             Ok(exit::OK)
         }
@@ -47,7 +47,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
 fn store_path(g: &Global) -> Result<PathBuf> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let home = std::env::var_os("POIMEN_HOME");
-    Ok(store::StoreLocation::resolve(g.store.as_deref(), home.as_deref(), &cwd).path)
+    Ok(poimen::store::StoreLocation::resolve(g.store.as_deref(), home.as_deref(), &cwd).path)
 }
 
 fn plugin_store_dir(g: &Global) -> Result<PathBuf> {
@@ -237,12 +237,12 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&changes)?;
             } else if changes.is_empty() {
-                println!("no changes: both are {}", workflow::version_of(&a));
+                println!("no changes: both are {}", poimen::workflow::version_of(&a));
             } else {
                 println!(
                     "{} -> {}",
-                    workflow::version_of(&a).short(12),
-                    workflow::version_of(&b).short(12)
+                    poimen::workflow::version_of(&a).short(12),
+                    poimen::workflow::version_of(&b).short(12)
                 );
                 for c in &changes {
                     println!("  - {c}");
@@ -390,14 +390,14 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Mcp => {
-            poimen::mcp::serve_stdio(host.clone()).await?;
+            crate::mcp::serve_stdio(host.clone()).await?;
             Ok(exit::OK)
         }
         Command::Schema | Command::Completions { .. } | Command::Version { .. } => Ok(exit::OK),
     }
 }
 
-async fn load_def(host: &Host, text: &str) -> Result<workflow::WorkflowDef> {
+async fn load_def(host: &Host, text: &str) -> Result<poimen::workflow::WorkflowDef> {
     Ok(match Target::parse(text) {
         Target::File(p) => host.load_file(&p)?.def,
         Target::Version(v) => host.version(&v).await?.1,
@@ -508,7 +508,7 @@ fn print_plan(plan: &poimen::Plan) {
     }
 }
 
-fn caps(c: &[workflow::Capability]) -> String {
+fn caps(c: &[poimen::workflow::Capability]) -> String {
     if c.is_empty() {
         String::new()
     } else {
@@ -623,8 +623,8 @@ async fn run_verb(
     }
 }
 
-fn progress_line(e: &executor::EpisodeEvent) -> Option<String> {
-    use executor::EpisodeEvent as E;
+fn progress_line(e: &poimen::executor::EpisodeEvent) -> Option<String> {
+    use poimen::executor::EpisodeEvent as E;
     Some(match e {
         E::StepStarted {
             step,
@@ -657,8 +657,8 @@ fn progress_line(e: &executor::EpisodeEvent) -> Option<String> {
     })
 }
 
-fn describe_event(e: &executor::EpisodeEvent) -> String {
-    use executor::EpisodeEvent as E;
+fn describe_event(e: &poimen::executor::EpisodeEvent) -> String {
+    use poimen::executor::EpisodeEvent as E;
     match e {
         E::RunStarted {
             workflow_id,
@@ -676,9 +676,10 @@ fn describe_event(e: &executor::EpisodeEvent) -> String {
             tool.name,
             tool.version,
             match outcome {
-                executor::episode::CallOutcome::Ok { output_hash, .. } =>
+                poimen::executor::episode::CallOutcome::Ok { output_hash, .. } =>
                     format!("ok {}", short(output_hash)),
-                executor::episode::CallOutcome::Err { failure } => format!("error: {failure}"),
+                poimen::executor::episode::CallOutcome::Err { failure } =>
+                    format!("error: {failure}"),
             }
         ),
         E::ModelCalled {
@@ -798,7 +799,7 @@ async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {
         JudgmentCmd::Submit { id, file } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| Usage(format!("cannot read {}: {e}", file.display())))?;
-            let submission: executor::JudgmentSubmission = serde_json::from_str(&text).map_err(|e| {
+            let submission: poimen::executor::JudgmentSubmission = serde_json::from_str(&text).map_err(|e| {
                 Usage(format!(
                     "{} is not a judgment submission ({e}); expected {{\"request_hash\": \"b3:…\", \"result\": …, \"provenance\": {{\"judge\": \"…\"}}}}",
                     file.display()
@@ -868,8 +869,8 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 // A component whose imports no host serves is a finding of
                 // the inspection, not a failure to inspect.
                 Err(poimen::Error::Plugin(
-                    e @ (sandbox::LoadError::Sockets { .. }
-                    | sandbox::LoadError::UnknownImport { .. }),
+                    e @ (poimen::sandbox::LoadError::Sockets { .. }
+                    | poimen::sandbox::LoadError::UnknownImport { .. }),
                 )) => {
                     let problem = e.to_string();
                     if g.json {
@@ -969,7 +970,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
         }
         PluginCmd::Call { tool, args, key } => {
             let args = json_arg(&args, "the arguments")?;
-            let r: workflow::ToolRef = tool.parse().map_err(Usage)?;
+            let r: poimen::workflow::ToolRef = tool.parse().map_err(Usage)?;
             let inv = host.call_tool(r, args, key).await;
             match inv {
                 Ok((output, record)) => {

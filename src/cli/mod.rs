@@ -64,18 +64,34 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
             | poimen::Error::NotFound { .. }
             | poimen::Error::BadTarget { .. }
             | poimen::Error::BadInput(_) => exit::USAGE,
-            poimen::Error::Exec(x) => match x {
-                executor::ExecError::Store(store::StoreError::IdempotencyConflict(_)) => {
-                    exit::USAGE
-                }
-                executor::ExecError::Store(_) | executor::ExecError::Episode { .. } => exit::ERROR,
-                executor::ExecError::Unavailable { .. } => exit::ERROR,
-                // Refused for want of a slot: like a blocked run, try later.
-                executor::ExecError::Overflow { .. } => exit::STOPPED,
-                _ => exit::USAGE,
-            },
+            poimen::Error::Start(s) => start_code(s),
+            poimen::Error::Run(r) => run_code(r),
+            poimen::Error::Operator(poimen::OperatorError::Run(r))
+            | poimen::Error::Judgment(poimen::JudgmentError::Run(r)) => run_code(r),
+            // The run is in another state, the step has no such call, the
+            // answer does not fit its request: the request is wrong.
+            poimen::Error::Operator(_) | poimen::Error::Judgment(_) => exit::USAGE,
             _ => exit::ERROR,
         }
+    }
+}
+
+fn start_code(e: &poimen::StartError) -> u8 {
+    use poimen::StartError as S;
+    match e {
+        S::Store(_) | S::Fold(_) | S::Unavailable { .. } | S::Replace(_) => exit::ERROR,
+        // Refused for want of a slot: like a blocked run, try later.
+        S::Overflow { .. } => exit::STOPPED,
+        _ => exit::USAGE,
+    }
+}
+
+fn run_code(e: &poimen::RunError) -> u8 {
+    use poimen::RunError as R;
+    match e {
+        R::UnknownRun(_) | R::TooDeep { .. } => exit::USAGE,
+        R::Start(s) => start_code(s),
+        _ => exit::ERROR,
     }
 }
 

@@ -79,8 +79,8 @@ fn run_json_status_episode_audit_resume() {
         json!("run_completed")
     );
     // It refolds to the state `status` shows.
-    let ep: executor::Episode = serde_json::from_value(episode.clone()).expect("episode");
-    let state = executor::refold(&ep).expect("refold");
+    let ep: poimen::executor::Episode = serde_json::from_value(episode.clone()).expect("episode");
+    let state = poimen::executor::refold(&ep).expect("refold");
     assert_eq!(serde_json::to_value(&state).expect("json"), status["state"]);
 
     let (code, audit) = env.json(&["audit", &run]);

@@ -144,8 +144,8 @@ fn ledger_lines(env: &Env, file: &str) -> usize {
 /// The run's episode refolds, and every tool call has its intent triple.
 fn check_consistent(env: &Env, run: &str) {
     let (_, episode) = env.json(&["episode", run]);
-    let ep: executor::Episode = serde_json::from_value(episode).expect("episode");
-    executor::refold(&ep).expect("the episode refolds after recovery");
+    let ep: poimen::executor::Episode = serde_json::from_value(episode).expect("episode");
+    poimen::executor::refold(&ep).expect("the episode refolds after recovery");
     let (_, audit) = env.json(&["audit", run]);
     assert_eq!(audit["incomplete"], json!([]), "dangling intents: {audit}");
 }

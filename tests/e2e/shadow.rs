@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use poimen::shadow::{ModelMode, Selection, ShadowError, ShadowOptions, StepDiff, Verdict};
+use poimen::shadow::{ModelMode, Ranking, Selection, ShadowError, ShadowOptions, StepDiff};
 use poimen::{Host, Target};
 use serde_json::{Value, json};
 
@@ -44,7 +44,12 @@ async fn record_baseline(host: &Host) -> String {
             .run(&target, json!({ "text": text }), None)
             .await
             .expect("baseline run");
-        assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+        assert_eq!(
+            out.status,
+            poimen::store::RunStatus::Completed,
+            "{:?}",
+            out.reason
+        );
         let (rec, _) = host.status(out.run.as_str()).await.expect("status");
         version = Some(rec.version.to_string());
     }
@@ -85,7 +90,7 @@ async fn shadow_a_reformatted_candidate_is_the_baseline_and_ties_everywhere() {
     for r in &report.runs {
         assert!(r.output_equal && r.episode_diff.is_empty(), "{r:#?}");
         assert_eq!(r.output_diff, json!([]));
-        assert_eq!(r.verdict, Verdict::Tie);
+        assert_eq!(r.verdict, Ranking::Tie);
     }
 }
 
@@ -152,8 +157,8 @@ async fn shadow_a_changed_verifier_shows_as_losses_with_the_verdicts() {
     assert_eq!(a.losses, INPUTS.len(), "{a:?}");
     assert!(a.mean_delta < 0.0 && a.ci95.1 <= 0.0, "{a:?}");
     for r in &report.runs {
-        assert_eq!(r.verdict, Verdict::Loss);
-        assert_eq!(r.candidate_status, store::RunStatus::Failed);
+        assert_eq!(r.verdict, Ranking::Loss);
+        assert_eq!(r.candidate_status, poimen::store::RunStatus::Failed);
         assert!(
             r.episode_diff.iter().any(|d| matches!(d,
                 StepDiff::Changed { step, fields, candidate, .. }
@@ -233,7 +238,12 @@ async fn shadow_leaves_the_live_tables_and_the_ledger_byte_identical() {
         .run(&Target::File(ledger_wf), json!({}), None)
         .await
         .expect("ledger run");
-    assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(
+        out.status,
+        poimen::store::RunStatus::Completed,
+        "{:?}",
+        out.reason
+    );
     let db = env.path().join(".poimen/poimen.db");
     let tables_before = table_digests(&db);
     let ledger_before = ledger_digest(&env);
@@ -314,7 +324,7 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
         .store_path(env.path().join(".poimen/poimen.db"))
         .cache_dir(shared_cache())
         .model(poimen::ModelChoice::Scripted(vec![
-            executor::model::Rule::contains("Summarize", "A summary."),
+            poimen::executor::model::Rule::contains("Summarize", "A summary."),
         ]))
         .build()
         .await
@@ -323,7 +333,12 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
         .run(&Target::File(wf.clone()), json!({"text": "abc"}), None)
         .await
         .expect("run");
-    assert_eq!(out.status, store::RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(
+        out.status,
+        poimen::store::RunStatus::Completed,
+        "{:?}",
+        out.reason
+    );
     let (rec, _) = live.status(out.run.as_str()).await.expect("status");
     drop(live);
     // A host with no model at all: replay needs none.
@@ -340,7 +355,7 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
     let r = &report.runs[0];
     assert_eq!(r.models.replayed, 1, "{r:#?}");
     assert_eq!(r.models.missing, 0);
-    assert!(r.output_equal && r.verdict == Verdict::Tie, "{r:#?}");
+    assert!(r.output_equal && r.verdict == Ranking::Tie, "{r:#?}");
     // A changed prompt has no recorded answer: replay-only fails that step,
     // naming the prompt hash — never a made-up answer.
     let changed = env.write(
@@ -353,7 +368,7 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
         .expect("shadow");
     let r = &report.runs[0];
     assert_eq!(r.models.missing, 1);
-    assert_eq!(r.candidate_status, store::RunStatus::Failed);
+    assert_eq!(r.candidate_status, poimen::store::RunStatus::Failed);
     assert!(
         r.candidate_reason
             .as_deref()
@@ -361,7 +376,7 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
         "{:?}",
         r.candidate_reason
     );
-    assert_eq!(r.verdict, Verdict::Loss);
+    assert_eq!(r.verdict, Ranking::Loss);
 }
 
 #[test]
@@ -443,7 +458,7 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
         .run(&Target::File(wf.clone()), json!({"account": "acme"}), None)
         .await
         .expect("run");
-    assert_eq!(out.status, store::RunStatus::WaitingJudgment);
+    assert_eq!(out.status, poimen::store::RunStatus::WaitingJudgment);
     let j = host.judgments().await.expect("judgments").remove(0);
     let done = host
         .submit_judgment(
@@ -460,7 +475,7 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
         .expect("submit");
     assert_eq!(
         done.status,
-        store::RunStatus::Completed,
+        poimen::store::RunStatus::Completed,
         "{:?}",
         done.reason
     );
@@ -473,9 +488,13 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
         .await
         .expect("shadow");
     let r = &report.runs[0];
-    assert_eq!(r.candidate_status, store::RunStatus::Completed, "{r:#?}");
+    assert_eq!(
+        r.candidate_status,
+        poimen::store::RunStatus::Completed,
+        "{r:#?}"
+    );
     assert!(r.unreplayed_judgments.is_empty());
-    assert!(r.output_equal && r.verdict == Verdict::Tie);
+    assert!(r.output_equal && r.verdict == Ranking::Tie);
 
     // Another question is another request: the shadow run waits, and says so.
     let changed = env.write("judged2.yaml", &judged("Really approve"));
@@ -484,7 +503,10 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
         .await
         .expect("shadow");
     let r = &report.runs[0];
-    assert_eq!(r.candidate_status, store::RunStatus::WaitingJudgment);
+    assert_eq!(
+        r.candidate_status,
+        poimen::store::RunStatus::WaitingJudgment
+    );
     assert_eq!(r.unreplayed_judgments, vec!["approve".to_owned()]);
     assert_eq!(report.aggregate.waiting_judgment, 1);
     // And the live store still has exactly the one judgment, answered.
@@ -531,7 +553,7 @@ rubric:
     assert!(a.mean_delta > 0.0);
     let names: Vec<&str> = a.criteria.iter().map(|c| c.criterion.as_str()).collect();
     assert_eq!(names, vec!["redacted", "shape"]);
-    for r in report.runs.iter().filter(|r| r.verdict == Verdict::Win) {
+    for r in report.runs.iter().filter(|r| r.verdict == Ranking::Win) {
         let red = r
             .scores
             .iter()

@@ -12,9 +12,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poimen_workflow::{Capability, EffectClass, ReasoningEffort, ToolRef};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use workflow::{Capability, EffectClass, ReasoningEffort, ToolRef};
 
 /// A tool or verifier as pinned by a run: name, exact version, component digest.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -46,12 +46,12 @@ pub enum FailureClass {
 
 impl FailureClass {
     /// The retry-policy class this failure falls under, if any.
-    pub fn retry_class(self) -> Option<workflow::RetryOn> {
+    pub fn retry_class(self) -> Option<poimen_workflow::RetryOn> {
         match self {
-            FailureClass::Failed => Some(workflow::RetryOn::Failed),
-            FailureClass::Unavailable => Some(workflow::RetryOn::Unavailable),
-            FailureClass::Timeout => Some(workflow::RetryOn::Timeout),
-            FailureClass::Verifier => Some(workflow::RetryOn::Verifier),
+            FailureClass::Failed => Some(poimen_workflow::RetryOn::Failed),
+            FailureClass::Unavailable => Some(poimen_workflow::RetryOn::Unavailable),
+            FailureClass::Timeout => Some(poimen_workflow::RetryOn::Timeout),
+            FailureClass::Verifier => Some(poimen_workflow::RetryOn::Verifier),
             FailureClass::InvalidInput | FailureClass::Cancelled => None,
         }
     }

@@ -9,9 +9,11 @@
 
 use std::collections::BTreeMap;
 
+use poimen_workflow::{
+    Capability, EffectClass, JoinPolicy, Reducer, StepId, WorkflowId, WorkflowVersion,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use workflow::{Capability, EffectClass, JoinPolicy, Reducer, StepId, WorkflowId, WorkflowVersion};
 
 use crate::effects::{Failure, ToolIdentity, Usage, Verdict};
 
@@ -41,6 +43,20 @@ pub enum StepStatus {
 }
 
 impl StepStatus {
+    /// The status as recorded (`completed`, `lost`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Pending => "pending",
+            StepStatus::Running => "running",
+            StepStatus::Waiting => "waiting",
+            StepStatus::Completed => "completed",
+            StepStatus::Failed => "failed",
+            StepStatus::Cancelled => "cancelled",
+            StepStatus::Lost => "lost",
+            StepStatus::Skipped => "skipped",
+        }
+    }
+
     /// Whether the step execution is over.
     pub fn is_finished(self) -> bool {
         !matches!(
@@ -53,7 +69,7 @@ impl StepStatus {
 /// The parent side of a child run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParentLink {
-    pub run: String,
+    pub run: poimen_store::RunId,
     pub step: StepId,
     pub iteration: u32,
 }
@@ -214,7 +230,11 @@ pub enum EpisodeEvent {
         step: StepId,
         iteration: u32,
         status: StepStatus,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
         output: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failure: Option<Failure>,
@@ -263,23 +283,27 @@ pub enum EpisodeEvent {
     ChildRunLinked {
         step: StepId,
         iteration: u32,
-        child_run: String,
+        child_run: poimen_store::RunId,
         child_version: WorkflowVersion,
     },
     /// The child run ended.
     ChildRunFinished {
         step: StepId,
         iteration: u32,
-        child_run: String,
-        status: store::RunStatus,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        child_run: poimen_store::RunId,
+        status: poimen_store::RunStatus,
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
         output: Option<Value>,
     },
     /// The run asks an external judge.
     JudgmentRequested {
         step: StepId,
         iteration: u32,
-        request_id: String,
+        request_id: poimen_store::JudgmentId,
         request_hash: String,
         request: Value,
     },
@@ -287,7 +311,7 @@ pub enum EpisodeEvent {
     JudgmentReceived {
         step: StepId,
         iteration: u32,
-        request_id: String,
+        request_id: poimen_store::JudgmentId,
         result: Value,
         result_hash: String,
         provenance: Value,
@@ -369,6 +393,61 @@ impl EpisodeEvent {
     }
 }
 
+/// An optional JSON value that is there — even as `null` — when its field
+/// is: `None` is written as an absent field, so a present `null` is
+/// `Some(Value::Null)` (a step whose output is `null`), not `None`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+impl EpisodeEvent {
+    /// The event as the JSON body a store keeps.
+    ///
+    /// Cannot fail: every map in an event has string keys and every enum
+    /// is representable in JSON (`every_event_kind_encodes_and_decodes`
+    /// checks each kind). Should a future field break that, the body names
+    /// the problem and decoding it fails loudly — it never becomes `null`.
+    pub fn body(&self) -> Value {
+        match serde_json::to_value(self) {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({"event": self.kind(), "unencodable": e.to_string()}),
+        }
+    }
+
+    /// The step this event is about, if any.
+    pub fn step(&self) -> Option<&StepId> {
+        use EpisodeEvent as E;
+        match self {
+            E::StepStarted { step, .. }
+            | E::AttemptStarted { step, .. }
+            | E::ModelCalled { step, .. }
+            | E::ModelFailed { step, .. }
+            | E::ToolCalled { step, .. }
+            | E::Verified { step, .. }
+            | E::AttemptFinished { step, .. }
+            | E::StepFinished { step, .. }
+            | E::ConditionEvaluated { step, .. }
+            | E::BranchesForked { step, .. }
+            | E::BranchesJoined { step, .. }
+            | E::ChildRunLinked { step, .. }
+            | E::ChildRunFinished { step, .. }
+            | E::JudgmentRequested { step, .. }
+            | E::JudgmentReceived { step, .. }
+            | E::RunBlocked { step, .. }
+            | E::Reconciled { step, .. } => Some(step),
+            E::RunFailed { step, .. } => step.as_ref(),
+            E::RunStarted { .. }
+            | E::StateWritten { .. }
+            | E::LoopIterated { .. }
+            | E::RunWaiting { .. }
+            | E::RunResumed { .. }
+            | E::RunRetried { .. }
+            | E::RunCompleted { .. }
+            | E::RunCancelled { .. } => None,
+        }
+    }
+}
+
 /// An event as recorded: its place in the run and when it happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recorded {
@@ -403,6 +482,28 @@ pub struct Receipt {
     pub finished_at: i64,
 }
 
+impl Recorded {
+    /// The event as the store takes it.
+    pub fn to_new_event(&self) -> poimen_store::NewEvent {
+        poimen_store::NewEvent {
+            seq: self.seq,
+            at: self.at,
+            kind: self.event.kind().to_owned(),
+            body: self.event.body(),
+        }
+    }
+
+    /// The recorded event as JSON (`seq`, `at` and the event's fields).
+    pub fn to_json(&self) -> Value {
+        let mut v = self.event.body();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("seq".into(), Value::from(self.seq));
+            obj.insert("at".into(), Value::from(self.at));
+        }
+        v
+    }
+}
+
 /// A run's events in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Episode {
@@ -425,7 +526,10 @@ pub enum EpisodeError {
 
 impl Episode {
     /// Decodes stored events.
-    pub fn from_stored(run: &str, stored: &[store::StoredEvent]) -> Result<Episode, EpisodeError> {
+    pub fn from_stored(
+        run: &str,
+        stored: &[poimen_store::StoredEvent],
+    ) -> Result<Episode, EpisodeError> {
         let events = stored
             .iter()
             .map(|s| {
@@ -483,15 +587,6 @@ pub const VOLATILE_RECORD_FIELDS: &[&str] = &[
 /// Placeholder written over a volatile field.
 pub const VOLATILE: &str = "<volatile>";
 
-/// The step an event is about, if any.
-fn event_step(event: &EpisodeEvent) -> Option<String> {
-    serde_json::to_value(event)
-        .ok()?
-        .get("step")?
-        .as_str()
-        .map(str::to_owned)
-}
-
 /// The positions of the episode's events in canonical order, each with
 /// whether it lies inside a fan-out.
 ///
@@ -519,7 +614,10 @@ pub fn canonical_order(episode: &Episode) -> Vec<(usize, bool)> {
                 })
                 .map_or(events.len(), |p| i + 1 + p);
             let mut window: Vec<(String, usize)> = (i + 1..end)
-                .map(|k| (event_step(&events[k].event).unwrap_or_default(), k))
+                .map(|k| {
+                    let step = events[k].event.step().map(|s| s.0.clone());
+                    (step.unwrap_or_default(), k)
+                })
                 .collect();
             // Stable: each step's events keep their recorded order.
             window.sort_by(|a, b| a.0.cmp(&b.0));
@@ -544,7 +642,7 @@ pub fn normalize(episode: &Episode) -> Value {
     let mut events = Vec::with_capacity(episode.events.len());
     for (k, in_fanout) in canonical_order(episode) {
         let r = &episode.events[k];
-        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        let mut v = r.to_json();
         blank(&mut v, VOLATILE_FIELDS);
         if in_fanout {
             blank(&mut v, &["seq"]);
@@ -589,7 +687,7 @@ pub fn structure(episode: &Episode) -> Vec<String> {
         .into_iter()
         .map(|(k, _)| &episode.events[k])
         .map(|r| {
-            let v = serde_json::to_value(&r.event).unwrap_or(Value::Null);
+            let v = r.event.body();
             let mut line = r.event.kind().to_owned();
             for key in ["step", "iteration", "attempt", "status"] {
                 if let Some(x) = v.get(key) {
@@ -658,6 +756,248 @@ mod tests {
         Episode {
             run: "WFR-x".into(),
             events,
+        }
+    }
+
+    /// One event of every kind, with every optional field set.
+    fn one_of_each() -> Vec<EpisodeEvent> {
+        use crate::effects::{Failure, FailureClass, ToolIdentity, Usage, Verdict};
+        use serde_json::json;
+        let s = || StepId::from("s");
+        let run = poimen_store::RunId::generate(poimen_store::Ulid::from_parts(1, 2));
+        let jid = poimen_store::JudgmentId::generate(poimen_store::Ulid::from_parts(3, 4));
+        let tool = ToolIdentity {
+            name: "t".into(),
+            version: "1.0.0".into(),
+            digest: "b3:00".into(),
+        };
+        let failure = Failure::new(FailureClass::Failed, "no");
+        let version = WorkflowVersion([7; 32]);
+        let mut tools = BTreeMap::new();
+        tools.insert(
+            "t@^1".to_owned(),
+            PinnedTool {
+                identity: tool.clone(),
+                effect: EffectClass::Idempotent,
+            },
+        );
+        let all = vec![
+            EpisodeEvent::RunStarted {
+                workflow_id: WorkflowId::from("w"),
+                version,
+                input: json!({"a": [1, 2.5, null]}),
+                input_hash: "b3:01".into(),
+                parent: Some(ParentLink {
+                    run: run.clone(),
+                    step: s(),
+                    iteration: 1,
+                }),
+                tools,
+                verifiers: BTreeMap::from([("v@^1".to_owned(), tool.clone())]),
+            },
+            EpisodeEvent::StepStarted {
+                step: s(),
+                iteration: 1,
+                kind: "tool".into(),
+                owner: Some(s()),
+            },
+            EpisodeEvent::AttemptStarted {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+            },
+            EpisodeEvent::ModelCalled {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                provider: "p".into(),
+                model: "m".into(),
+                prompt: "b3:02".into(),
+                system: Some("b3:03".into()),
+                partition: vec!["inputs.a".into()],
+                output: "b3:04".into(),
+                text: "hi".into(),
+                usage: Usage {
+                    tokens_in: 1,
+                    tokens_out: 2,
+                },
+                latency_ms: 3,
+            },
+            EpisodeEvent::ModelFailed {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                provider: "p".into(),
+                failure: failure.clone(),
+            },
+            EpisodeEvent::ToolCalled {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                tool: tool.clone(),
+                effect: EffectClass::NonIdempotent,
+                args: json!({}),
+                args_hash: "b3:05".into(),
+                idempotency_key: "ik".into(),
+                capabilities: vec![poimen_workflow::Capability::Scratch],
+                record: json!({"x": 1}),
+                outcome: CallOutcome::Ok {
+                    output: json!(1),
+                    output_hash: "b3:06".into(),
+                },
+                reconciled: true,
+            },
+            EpisodeEvent::Verified {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                verdicts: vec![
+                    VerdictRecord {
+                        verifier: tool.clone(),
+                        config: json!(null),
+                        outcome: VerdictOutcome::Verdict(Verdict {
+                            pass: true,
+                            score: 0.5,
+                            reason: "ok".into(),
+                        }),
+                        record: json!({}),
+                    },
+                    VerdictRecord {
+                        verifier: tool.clone(),
+                        config: json!({"k": "v"}),
+                        outcome: VerdictOutcome::Err {
+                            failure: failure.clone(),
+                        },
+                        record: json!({}),
+                    },
+                ],
+            },
+            EpisodeEvent::AttemptFinished {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                failure: Some(failure.clone()),
+            },
+            EpisodeEvent::StepFinished {
+                step: s(),
+                iteration: 1,
+                status: StepStatus::Lost,
+                output: Some(json!(null)),
+                failure: Some(failure.clone()),
+                receipt: Some(Receipt {
+                    attempt: 1,
+                    action: "tool:t@1.0.0 b3:00".into(),
+                    input_hash: Some("b3:07".into()),
+                    output_hash: Some("b3:08".into()),
+                    started_at: 1,
+                    finished_at: 2,
+                }),
+            },
+            EpisodeEvent::StateWritten {
+                key: "k".into(),
+                reducer: Reducer::Union,
+                value: json!([1]),
+                value_hash: "b3:09".into(),
+            },
+            EpisodeEvent::ConditionEvaluated {
+                step: s(),
+                iteration: 1,
+                result: false,
+                chosen: Some(s()),
+            },
+            EpisodeEvent::BranchesForked {
+                step: s(),
+                iteration: 1,
+                branches: vec![s()],
+                join: JoinPolicy::Quorum(2),
+            },
+            EpisodeEvent::BranchesJoined {
+                step: s(),
+                iteration: 1,
+                winners: vec![s()],
+                losers: vec![s()],
+                failed: vec![s()],
+            },
+            EpisodeEvent::LoopIterated {
+                from: s(),
+                to: s(),
+                taken: 1,
+                body: vec![s()],
+            },
+            EpisodeEvent::ChildRunLinked {
+                step: s(),
+                iteration: 1,
+                child_run: run.clone(),
+                child_version: version,
+            },
+            EpisodeEvent::ChildRunFinished {
+                step: s(),
+                iteration: 1,
+                child_run: run,
+                status: poimen_store::RunStatus::Failed,
+                output: Some(json!(null)),
+            },
+            EpisodeEvent::JudgmentRequested {
+                step: s(),
+                iteration: 1,
+                request_id: jid.clone(),
+                request_hash: "b3:0a".into(),
+                request: json!({"q": 1}),
+            },
+            EpisodeEvent::JudgmentReceived {
+                step: s(),
+                iteration: 1,
+                request_id: jid,
+                result: json!(true),
+                result_hash: "b3:0b".into(),
+                provenance: json!({"judge": "j"}),
+            },
+            EpisodeEvent::RunWaiting { reason: "r".into() },
+            EpisodeEvent::RunBlocked {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                reason: "r".into(),
+            },
+            EpisodeEvent::Reconciled {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                decision: Reconciliation::Failed { reason: "r".into() },
+            },
+            EpisodeEvent::RunResumed { reason: "r".into() },
+            EpisodeEvent::RunRetried {
+                from: s(),
+                reset: vec![s()],
+            },
+            EpisodeEvent::RunCompleted {
+                output: json!({"o": 1}),
+                output_hash: "b3:0c".into(),
+            },
+            EpisodeEvent::RunFailed {
+                reason: "r".into(),
+                step: Some(s()),
+            },
+            EpisodeEvent::RunCancelled { reason: "r".into() },
+        ];
+        all
+    }
+
+    #[test]
+    fn every_event_kind_encodes_and_decodes() {
+        let all = one_of_each();
+        let mut kinds: Vec<&str> = all.iter().map(EpisodeEvent::kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        assert_eq!(kinds.len(), all.len(), "one event of each kind");
+        // Every kind `EpisodeEvent::kind` knows: add a new kind above.
+        assert_eq!(kinds.len(), 26);
+        for event in all {
+            let body = event.body();
+            assert!(body.get("unencodable").is_none(), "{body}");
+            assert_eq!(body["event"], serde_json::json!(event.kind()));
+            let back: EpisodeEvent = serde_json::from_value(body).expect("decodes");
+            assert_eq!(back, event);
         }
     }
 

@@ -4,8 +4,15 @@
 //! A run walks a validated workflow's steps driven by its transitions,
 //! serially, fanning out only where a `Parallel` step says so. The executor
 //! reaches tools, verifiers, models, the clock and storage only through
-//! traits ([`effects`], `store::Store`, [`Armory`]); it does not know
-//! wasmtime, SQLite or HTTP servers.
+//! traits ([`effects`], `poimen_store::Store`, [`WorkflowLoader`]); it does
+//! not know wasmtime, SQLite or HTTP servers. [`testing`] has scripted
+//! implementations of those traits for tests without any of them.
+//!
+//! The rooms: `engine` (the executor's verbs, admission, judgments, their
+//! errors), `run` (one run: the commit path, the walk, attempts, the intent
+//! wrapper, one file per step kind), `kernel` (what every run shares),
+//! [`episode`] and [`state`] (the event log and its fold), [`runnable`]
+//! (a version ready to run).
 #![forbid(unsafe_code)]
 
 mod crash;
@@ -13,12 +20,15 @@ pub mod effects;
 mod engine;
 pub mod episode;
 pub mod hash;
+mod kernel;
 pub mod model;
-mod plan;
 pub mod render;
 mod run;
+pub mod runnable;
+pub mod schema;
 pub mod scope;
 pub mod state;
+pub mod testing;
 
 pub use crash::CRASH_POINTS;
 pub use effects::{
@@ -26,14 +36,16 @@ pub use effects::{
     ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall, VerifierResult,
 };
 pub use engine::{
-    Armory, ExecError, Executor, ExecutorConfig, JudgmentSubmission, MAX_SUBWORKFLOW_DEPTH,
-    StartOptions, Started,
+    Executor, JudgmentError, JudgmentSubmission, Operation, OperatorError, RunError, StartError,
+    StartOptions,
 };
 pub use episode::{
     Episode, EpisodeEvent, Receipt, Reconciliation, StepStatus, VOLATILE_FIELDS, canonical_order,
     normalize, structure,
 };
-pub use plan::Armed;
-pub use run::{RunOutcome, judgment_id};
+pub use kernel::{ExecutorConfig, MAX_SUBWORKFLOW_DEPTH};
+pub use run::{Inconsistency, RunOutcome, Started, judgment_id};
+pub use runnable::{Runnable, WorkflowLoader};
+pub use schema::Violations;
 pub use scope::{RunScope, TenantId};
 pub use state::{RunState, assert_refold_identical, refold};

@@ -53,10 +53,7 @@ pub fn context(run: &RunState) -> Value {
         if let Some(out) = &s.output {
             entry.insert("output".into(), out.clone());
         }
-        entry.insert(
-            "status".into(),
-            serde_json::to_value(s.status).unwrap_or(Value::Null),
-        );
+        entry.insert("status".into(), Value::from(s.status.as_str()));
         steps.insert(id.0.clone(), Value::Object(entry));
     }
     let mut ctx = Map::new();

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
+use poimen_workflow::{Reducer, StepId, WorkflowDef, WorkflowId, WorkflowVersion};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use workflow::{Reducer, StepId, WorkflowDef, WorkflowId, WorkflowVersion};
 
 use crate::effects::ToolIdentity;
 use crate::effects::{Failure, Usage};
@@ -20,7 +20,7 @@ use crate::episode::{
 };
 
 /// Lifecycle status of a run, as the fold sees it.
-pub use store::RunStatus;
+pub use poimen_store::RunStatus;
 
 /// What the current attempt of a step has recorded so far — replayed, not
 /// repeated, when a run resumes mid-attempt.
@@ -103,7 +103,7 @@ pub struct Join {
 /// A sub-workflow step's child run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChildLink {
-    pub run: String,
+    pub run: poimen_store::RunId,
     pub version: WorkflowVersion,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<(RunStatus, Option<Value>)>,
@@ -112,7 +112,7 @@ pub struct ChildLink {
 /// A judgment step's request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JudgmentState {
-    pub request_id: String,
+    pub request_id: poimen_store::JudgmentId,
     pub request_hash: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
@@ -551,8 +551,11 @@ pub fn assert_refold_identical(live: &RunState, episode: &Episode) -> Result<(),
     if &folded == live {
         return Ok(());
     }
-    let a = serde_json::to_value(live).unwrap_or(Value::Null);
-    let b = serde_json::to_value(&folded).unwrap_or(Value::Null);
+    // Only to locate the difference in words: a state that cannot be shown
+    // as JSON is shown as its debug form.
+    let json =
+        |s: &RunState| serde_json::to_value(s).unwrap_or_else(|_| Value::String(format!("{s:?}")));
+    let (a, b) = (json(live), json(&folded));
     let (path, live, refolded) = first_difference(&a, &b, String::new());
     Err(RefoldMismatch::Differs {
         path,

@@ -6,9 +6,9 @@
 //!   engine with the host's settings; per iteration a fresh store with a
 //!   minimal WASI context, instantiate, one `invoke`.
 //! - `call/boundary`: the same component and input through
-//!   `Host::invoke_tool`: registry lookup, canonical arguments and their
+//!   `PluginHost::invoke_tool`: registry lookup, canonical arguments and their
 //!   hash, a WASI context from grants, limits, the record.
-//! - `load/compile` and `load/cached`: `Host::load_component` of the same
+//! - `load/compile` and `load/cached`: `PluginHost::load_component` of the same
 //!   component without a cache, and with a warm on-disk cache.
 //!
 //! Results go to the "Sandbox" section of BENCHMARKS.md (medians from
@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sandbox::{Host, ToolCall};
+use poimen_sandbox::{PluginHost, ToolRequest};
 use serde_json::json;
 use wasmtime::Store;
 use wasmtime::component::{Component, Linker, ResourceTable};
@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
 
     // (a) bare wasmtime.
     // The host's own engine settings: pooling, epochs, fuel.
-    let engine = sandbox::default_engine();
+    let engine = poimen_sandbox::default_engine();
     let mut linker = Linker::<BareState>::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("wasi");
     let component = Component::new(&engine, &bytes).expect("compile");
@@ -88,16 +88,16 @@ fn bench(c: &mut Criterion) {
     // (b) the full boundary.
     let host = rt
         .block_on(
-            Host::builder()
+            PluginHost::builder()
                 .component_bytes("bench:json", bytes.clone())
                 .build(),
         )
         .expect("host");
     let args: serde_json::Value = serde_json::from_str(ARGS).expect("args");
-    let tool: sandbox::ToolRef = "json@^0.1".parse().expect("ref");
+    let tool: poimen_sandbox::ToolRef = "json@^0.1".parse().expect("ref");
     let full_call = || async {
         let r = host
-            .invoke_tool(ToolCall::new(tool.clone(), args.clone(), "key"))
+            .invoke_tool(ToolRequest::new(tool.clone(), args.clone(), "key"))
             .await;
         r.outcome.expect("tool ok")
     };
@@ -110,10 +110,10 @@ fn bench(c: &mut Criterion) {
     g.finish();
 
     // Cold load, with and without the on-disk compile cache.
-    let uncached = rt.block_on(Host::builder().build()).expect("host");
+    let uncached = rt.block_on(PluginHost::builder().build()).expect("host");
     let dir = tempfile::tempdir().expect("dir");
     let cached = rt
-        .block_on(Host::builder().cache_dir(dir.path()).build())
+        .block_on(PluginHost::builder().cache_dir(dir.path()).build())
         .expect("host");
     rt.block_on(cached.load_component("warm", bytes.clone()))
         .expect("warm the cache");

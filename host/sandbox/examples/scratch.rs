@@ -36,7 +36,7 @@ fn main() {
             .build()
             .unwrap()
     };
-    let engine = sandbox::default_engine();
+    let engine = poimen_sandbox::default_engine();
     let mut linker = wasmtime::component::Linker::<S>::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
     let c = wasmtime::component::Component::new(&engine, &bytes).unwrap();
@@ -71,21 +71,25 @@ fn main() {
         }
     };
     rt.block_on(async {
-        let host = sandbox::Host::builder()
+        let host = poimen_sandbox::PluginHost::builder()
             .component_bytes("x", bytes.clone())
             .build()
             .await
             .unwrap();
         let args: serde_json::Value = serde_json::from_str(ARGS).unwrap();
-        let tool: sandbox::ToolRef = "json@^0.1".parse().unwrap();
+        let tool: poimen_sandbox::ToolRef = "json@^0.1".parse().unwrap();
         let mode = std::env::var("MODE").unwrap_or_default();
         // warm up
         for _ in 0..200 {
             bare(false).await;
-            host.invoke_tool(sandbox::ToolCall::new(tool.clone(), args.clone(), "key"))
-                .await
-                .outcome
-                .unwrap();
+            host.invoke_tool(poimen_sandbox::ToolRequest::new(
+                tool.clone(),
+                args.clone(),
+                "key",
+            ))
+            .await
+            .outcome
+            .unwrap();
         }
         let t = Instant::now();
         if mode == "bare" {
@@ -94,10 +98,14 @@ fn main() {
             }
         } else {
             for _ in 0..n {
-                host.invoke_tool(sandbox::ToolCall::new(tool.clone(), args.clone(), "key"))
-                    .await
-                    .outcome
-                    .unwrap();
+                host.invoke_tool(poimen_sandbox::ToolRequest::new(
+                    tool.clone(),
+                    args.clone(),
+                    "key",
+                ))
+                .await
+                .outcome
+                .unwrap();
             }
         }
         println!("{mode} wall {:?}", t.elapsed() / n);

@@ -7,8 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use poimen_workflow::Unresolved;
 use serde::{Deserialize, Serialize};
-use workflow::Unresolved;
 
 use crate::policy::PolicyError;
 

@@ -9,8 +9,8 @@
 
 use std::fmt;
 
+use poimen_workflow::Capability;
 use serde::{Deserialize, Serialize};
-use workflow::Capability;
 
 /// The WASI minor version family the host links (`0.2.x`).
 pub const WASI_VERSION_FAMILY: &str = "0.2";

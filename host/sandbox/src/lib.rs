@@ -3,22 +3,22 @@
 //! Owns the wasmtime engine, component loading and its on-disk compile
 //! cache, capability policy, per-invocation limits, hostcall records, and
 //! the registries of tools and verifiers. It knows nothing of how workflows
-//! run or are stored: the executor calls [`Host::invoke_tool`] and
-//! [`Host::invoke_verifier`] and keeps the [`HostcallRecord`]s they return.
+//! run or are stored: the executor calls [`PluginHost::invoke_tool`] and
+//! [`PluginHost::invoke_verifier`] and keeps the [`HostcallRecord`]s they return.
 //!
 //! Invariant: there is no path from the host into a guest except through an
 //! invocation that produces a record (`describe` at load included).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use sandbox::{Host, ToolCall};
-//! let host = Host::builder()
+//! use poimen_sandbox::{PluginHost, ToolRequest};
+//! let host = PluginHost::builder()
 //!     .policy_file("poimen-policy.toml")
 //!     .plugin_dir("plugins/")
 //!     .cache_dir(".poimen/cache")
 //!     .build()
 //!     .await?;
-//! let call = ToolCall::new("text".parse()?, serde_json::json!({"op": "count", "pattern": "a", "text": "aa"}), "run-1/step-1");
+//! let call = ToolRequest::new("text".parse()?, serde_json::json!({"op": "count", "pattern": "a", "text": "aa"}), "run-1/step-1");
 //! let invocation = host.invoke_tool(call).await;
 //! println!("{:?} {:?}", invocation.outcome, invocation.record.outcome);
 //! # Ok(()) }
@@ -43,13 +43,16 @@ pub use engine::CacheOutcome;
 pub use engine::default_engine;
 pub use error::{BuildError, InvokeError, LoadError, ToolError};
 pub use host::{
-    AllocatorKind, Host, HostBuilder, Inspection, Invocation, PluginKind, ToolCall, Verdict,
-    VerifierCall, VerifierInvocation, inspect,
+    AllocatorKind, GuestVerdict, Inspection, Invocation, PluginHost, PluginHostBuilder,
+    ToolRequest, VerifierInvocation, VerifierRequest, inspect,
 };
+pub use host::{Tools, Verifiers};
 pub use imports::{Import, ImportClass};
 pub use limits::Limits;
+pub use poimen_workflow::{
+    Capability, EffectClass, Ineligibility, ToolInfo, ToolRef, shadow_eligibility,
+};
+pub use poimen_workflow::{ToolRegistry, VerifierRegistry};
 pub use policy::{Grant, LimitOverrides, Policy, PolicySource};
 pub use record::{HostcallRecord, WIT_PACKAGE};
-pub use registry::{Entry, Tools, Verifiers, WithheldEntry};
-pub use workflow::{Capability, EffectClass, Ineligibility, ToolInfo, ToolRef, shadow_eligibility};
-pub use workflow::{ToolRegistry, VerifierRegistry};
+pub use registry::{Entry, PluginKind, WithheldEntry};

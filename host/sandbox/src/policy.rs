@@ -12,8 +12,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use poimen_workflow::Capability;
 use serde::{Deserialize, Serialize};
-use workflow::Capability;
 
 use crate::limits::Limits;
 

@@ -115,6 +115,20 @@ pub struct Captured {
     pub truncated: bool,
 }
 
+impl HostcallRecord {
+    /// The record as JSON, as runs keep it.
+    ///
+    /// Cannot fail: the record's maps have string keys and its enums are
+    /// plain; should that ever change, the JSON names the problem instead of
+    /// silently becoming `null`.
+    pub fn to_json(&self) -> serde_json::Value {
+        match serde_json::to_value(self) {
+            Ok(v) => v,
+            Err(e) => serde_json::json!({"unencodable": e.to_string()}),
+        }
+    }
+}
+
 /// Everything the host knows about one invocation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostcallRecord {

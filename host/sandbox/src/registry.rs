@@ -1,5 +1,6 @@
 //! The registries of loaded tools and verifiers, keyed by name and semver
-//! version, and their views that implement `workflow`'s registry traits.
+//! version (their views that implement `poimen_workflow`'s registry traits
+//! are the host's: `host/mod.rs`).
 //!
 //! Resolution picks the highest version matching the requested range (or,
 //! when the caller pins a digest, the matching version with that digest); a
@@ -10,17 +11,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use poimen_workflow::registry::nearest_names;
+use poimen_workflow::{Ineligibility, ToolInfo, ToolRef, Unresolved, shadow_eligibility};
 use serde::{Deserialize, Serialize};
-use workflow::registry::nearest_names;
-use workflow::{
-    Ineligibility, ToolInfo, ToolRef, ToolRegistry, Unresolved, VerifierRegistry,
-    shadow_eligibility,
-};
 
 use crate::bindings::{ToolPre, VerifierPre};
 use crate::engine::CacheOutcome;
 use crate::error::{InvokeError, LoadError};
-use crate::host::Host;
 use crate::imports::Import;
 use crate::limits::Limits;
 use crate::policy::Grant;
@@ -247,68 +244,5 @@ impl Registry {
             .flatten()
             .map(|l| l.entry())
             .collect()
-    }
-}
-
-/// The tool registry of a [`Host`]: resolves references for the validator
-/// and lists what is loaded.
-#[derive(Debug, Clone)]
-pub struct Tools(pub(crate) Host);
-
-/// The verifier registry of a [`Host`].
-#[derive(Debug, Clone)]
-pub struct Verifiers(pub(crate) Host);
-
-impl Tools {
-    /// Every loaded tool, by name then version.
-    pub fn list(&self) -> Vec<Entry> {
-        self.0.with_registry(|r| r.list(PluginKind::Tool))
-    }
-}
-
-impl Verifiers {
-    /// Every loaded verifier, by name then version.
-    pub fn list(&self) -> Vec<Entry> {
-        self.0.with_registry(|r| r.list(PluginKind::Verifier))
-    }
-}
-
-fn unresolved(e: InvokeError, r: &ToolRef) -> Unresolved {
-    match e {
-        InvokeError::NotFound(u) => u,
-        InvokeError::Withheld { reason, .. } => Unresolved {
-            name: r.name.clone(),
-            requested: r.version.to_string(),
-            registry: "tools".to_owned(),
-            available_versions: Vec::new(),
-            nearest: Vec::new(),
-            withheld: Some(reason),
-        },
-        other => Unresolved {
-            name: r.name.clone(),
-            requested: r.version.to_string(),
-            registry: other.to_string(),
-            available_versions: Vec::new(),
-            nearest: Vec::new(),
-            withheld: None,
-        },
-    }
-}
-
-impl ToolRegistry for Tools {
-    fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
-        self.0
-            .with_registry(|r| r.resolve(PluginKind::Tool, tool, None))
-            .map(|l| l.info.clone())
-            .map_err(|e| unresolved(e, tool))
-    }
-}
-
-impl VerifierRegistry for Verifiers {
-    fn resolve_verifier(&self, verifier: &ToolRef) -> Result<ToolInfo, Unresolved> {
-        self.0
-            .with_registry(|r| r.resolve(PluginKind::Verifier, verifier, None))
-            .map(|l| l.info.clone())
-            .map_err(|e| unresolved(e, verifier))
     }
 }

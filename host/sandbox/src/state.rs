@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use poimen_workflow::Capability;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{
@@ -24,7 +25,6 @@ use wasmtime_wasi_io::IoView;
 use wasmtime_wasi_io::bytes::Bytes;
 use wasmtime_wasi_io::poll::Pollable;
 use wasmtime_wasi_io::streams::{OutputStream, StreamResult};
-use workflow::Capability;
 
 use crate::fs::{FsTracker, Mount, RecordedFilesystem, RecordingFs};
 use crate::http::HttpGate;
@@ -289,7 +289,7 @@ impl CallState {
                     let path = dir.path().to_owned();
                     scratch = Some(dir);
                     (
-                        workflow::capability::SCRATCH_MOUNT.to_owned(),
+                        poimen_workflow::capability::SCRATCH_MOUNT.to_owned(),
                         Some(path),
                         FsPerms::ReadWrite,
                     )

@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use serde_json::json;
-use store::{
+use poimen_store::{
     Commit, Durability, IntentPhase, IntentRecord, MemoryStore, NewEvent, NewRun, NewVersion,
     RunId, SqliteStore, Store, Ulid,
 };
-use workflow::{EffectClass, StepId, WorkflowId};
+use poimen_workflow::{EffectClass, StepId, WorkflowId};
+use serde_json::json;
 
 fn bench_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-bench");

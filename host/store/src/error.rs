@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use workflow::{StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+use poimen_workflow::{StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{IntentPhase, RunStatus};
@@ -114,6 +114,36 @@ pub struct IdempotencyConflict {
     pub new_input_hash: BlobHash,
 }
 
+impl std::fmt::Display for IdempotencyConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let IdempotencyConflict {
+            key,
+            existing_run,
+            existing_version,
+            new_version,
+            existing_input_hash,
+            new_input_hash,
+        } = self;
+        write!(
+            f,
+            "idempotency key `{key}` already names run {existing_run} with input {existing_input_hash}"
+        )?;
+        if existing_version != new_version {
+            write!(f, " of version {existing_version}")?;
+        }
+        write!(f, "; this request has input {new_input_hash}")?;
+        if existing_version != new_version {
+            write!(f, " of version {new_version}")?;
+        }
+        write!(
+            f,
+            ". Use a new key for a different request, or resend the same input"
+        )
+    }
+}
+
+impl std::error::Error for IdempotencyConflict {}
+
 impl StoreError {
     /// The store could not do its work for a reason outside the request —
     /// read-only, full, locked, IO. The caller should stop the step as
@@ -213,31 +243,7 @@ impl fmt::Display for StoreError {
                 }
                 Ok(())
             }
-            StoreError::IdempotencyConflict(c) => {
-                let IdempotencyConflict {
-                    key,
-                    existing_run,
-                    existing_version,
-                    new_version,
-                    existing_input_hash,
-                    new_input_hash,
-                } = &**c;
-                write!(
-                    f,
-                    "idempotency key `{key}` already names run {existing_run} with input {existing_input_hash}"
-                )?;
-                if existing_version != new_version {
-                    write!(f, " of version {existing_version}")?;
-                }
-                write!(f, "; this request has input {new_input_hash}")?;
-                if existing_version != new_version {
-                    write!(f, " of version {new_version}")?;
-                }
-                write!(
-                    f,
-                    ". Use a new key for a different request, or resend the same input"
-                )
-            }
+            StoreError::IdempotencyConflict(c) => c.fmt(f),
             StoreError::RunIdConflict { id } => write!(
                 f,
                 "run id {id} is already used by a different run; generate a fresh id"

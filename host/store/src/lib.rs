@@ -22,6 +22,7 @@ mod location;
 mod memory;
 mod records;
 mod rules;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
 
@@ -34,6 +35,7 @@ pub use records::{
     JudgmentWrite, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
     RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
 };
+#[cfg(feature = "sqlite")]
 pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 pub use store::{Store, StoreResult};
 pub use ulid::Ulid;

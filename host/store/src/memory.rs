@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
-use workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
+use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};

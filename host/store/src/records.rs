@@ -5,9 +5,9 @@
 //! module knows nothing of SQL or of how the executor builds these values;
 //! the rules the backends enforce on them live in `rules`.
 
+use poimen_workflow::{EffectClass, StepId, WorkflowId, WorkflowVersion};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use workflow::{EffectClass, StepId, WorkflowId, WorkflowVersion};
 
 use crate::ids::{BlobHash, JudgmentId, RunId};
 

@@ -13,7 +13,7 @@ use crate::records::{
     Commit, CreateRun, IntentPhase, IntentRecord, NewRun, NewVersion, PublishOutcome, RunRecord,
     RunStatus, VersionRecord,
 };
-use workflow::{WorkflowId, WorkflowVersion};
+use poimen_workflow::{WorkflowId, WorkflowVersion};
 
 /// Most candidates an ambiguous-prefix error lists.
 pub(crate) const MAX_PREFIX_CANDIDATES: usize = 20;

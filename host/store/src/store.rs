@@ -11,7 +11,7 @@
 //! thing to exist return [`StoreError::NotFound`] naming it.
 
 use async_trait::async_trait;
-use workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
+use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};

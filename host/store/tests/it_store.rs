@@ -13,14 +13,14 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use store::{
+use poimen_store::{
     BlobHash, Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
     JudgmentWrite, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunId,
     RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore, Store, StoreError,
     Ulid, VersionRecord,
 };
-use workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+use serde_json::{Value, json};
 
 // ------------------------------------------------------------------ helpers
 
@@ -2017,7 +2017,7 @@ async fn open_creates_parent_directories_and_reopens() {
     let app: i64 = raw(&path)
         .query_row("PRAGMA application_id", [], |r| r.get(0))
         .expect("application_id");
-    assert_eq!(app, i64::from(store::APPLICATION_ID));
+    assert_eq!(app, i64::from(poimen_store::APPLICATION_ID));
     let mode: String = raw(&path)
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .expect("journal_mode");

@@ -10,8 +10,8 @@
 
 use std::num::NonZeroU32;
 
+use poimen_workflow::*;
 use serde_json::json;
-use workflow::*;
 
 pub fn workflow(n: usize) -> WorkflowDef {
     let mut wf = WorkflowDef::new(format!("bench.w{n}").as_str())

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use workflow::*;
+use poimen_workflow::*;
 
 #[path = "generate.rs"]
 mod generate;

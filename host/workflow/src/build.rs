@@ -7,7 +7,7 @@
 //! parsed one.
 //!
 //! ```
-//! use workflow::*;
+//! use poimen_workflow::*;
 //! use serde_json::json;
 //!
 //! let wf = WorkflowDef::new("support.triage")

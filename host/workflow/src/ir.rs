@@ -39,8 +39,7 @@
 //! `constraints` (the order they are shown to the judge), and JSON arrays.
 
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::num::NonZeroU32;
 
@@ -48,7 +47,6 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::registry::WorkflowResolver;
 use crate::version::WorkflowVersion;
 
 /// Format version of the workflow document (`schema: 1`).
@@ -284,10 +282,10 @@ fn is_default<T: Default + PartialEq>(t: &T) -> bool {
 /// A whole workflow definition: the IR.
 ///
 /// Deserializing goes through the front end's strict document shape (unknown
-/// fields rejected, exactly one kind per step); prefer [`crate::parse`], which
-/// also reports file, line and column.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "crate::frontend::doc::WorkflowDoc")]
+/// fields rejected, exactly one kind per step: the `Deserialize` impl lives
+/// in `frontend/doc.rs`); prefer [`crate::parse`], which also reports file,
+/// line and column.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkflowDef {
     /// Stable name of the workflow.
     pub id: WorkflowId,
@@ -476,9 +474,8 @@ pub struct WorkflowTool {
 ///
 /// Deserializing goes through the front end's strict step shape: exactly one
 /// of the kind keys (`model`, `tool`, `parallel`, `conditional`, `workflow`,
-/// `judgment`), no unknown fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "crate::frontend::doc::StepDoc")]
+/// `judgment`), no unknown fields (the impl lives in `frontend/doc.rs`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepDef {
     /// Author-assigned, stable across versions.
     pub id: StepId,
@@ -1180,45 +1177,24 @@ impl From<Value> for ArgTemplate {
 }
 
 /// Read-only helpers over the shape (seed 002). All are deterministic and
-/// total on any IR, valid or not; on an invalid IR they answer for the part
-/// that makes sense (documented per method).
+/// total on any IR, valid or not; each asks [`crate::Shape::of`] — the one
+/// implementation of the workflow's shape, which the validator computes and
+/// [`crate::Validated::shape`] carries — so the order shown here is the order
+/// that runs. On an invalid IR they answer for the part that makes sense
+/// (documented per method).
 impl WorkflowDef {
     /// The step with this id (the first one, if ids repeat).
     pub fn step(&self, id: &str) -> Option<&StepDef> {
         self.steps.iter().find(|s| s.id.as_str() == id)
     }
 
-    /// Owned step id → its owner's id (the first owner, if several claim it).
-    pub fn owners(&self) -> BTreeMap<&StepId, &StepId> {
-        let mut owners = BTreeMap::new();
-        for s in &self.steps {
-            for o in s.owned() {
-                owners.entry(o).or_insert(&s.id);
-            }
-        }
-        owners
-    }
-
     /// The step that owns `id` (a Parallel listing it as a branch or a
-    /// Conditional naming it as a target), if any.
+    /// Conditional naming it as a target), if any; the first owner if
+    /// several claim it.
     pub fn owner_of(&self, id: &str) -> Option<&StepDef> {
-        self.steps
-            .iter()
-            .find(|s| s.owned().iter().any(|o| o.as_str() == id))
-    }
-
-    /// Steps owned by no step, in document order.
-    pub fn top_level_steps(&self) -> Vec<&StepDef> {
-        let owned: HashSet<&str> = self
-            .steps
-            .iter()
-            .flat_map(|s| s.owned())
-            .map(StepId::as_str)
-            .collect();
-        self.steps
-            .iter()
-            .filter(|s| !owned.contains(s.id.as_str()))
-            .collect()
+        let shape = crate::Shape::of(self);
+        let i = shape.lookup(id)?;
+        shape.owner(i).map(|o| &self.steps[o])
     }
 
     /// Dependency edges (transitions without `max_iterations`).
@@ -1233,31 +1209,26 @@ impl WorkflowDef {
 
     /// Top-level steps with no forward predecessor — where a run begins — by id.
     pub fn start_steps(&self) -> Vec<&StepDef> {
-        let has_pred: HashSet<&str> = self.forward_transitions().map(|t| t.to.as_str()).collect();
-        let mut starts: Vec<&StepDef> = self
-            .top_level_steps()
+        crate::Shape::of(self)
+            .start_steps()
             .into_iter()
-            .filter(|s| !has_pred.contains(s.id.as_str()))
-            .collect();
-        starts.sort_by(|a, b| a.id.cmp(&b.id));
-        starts
+            .map(|i| &self.steps[i])
+            .collect()
     }
 
-    /// The steps that depend on `id`: targets of forward transitions from
-    /// it, by id, each once.
+    /// The top-level steps that depend on `id`: targets of forward
+    /// transitions from it, by id, each once.
     pub fn dependents(&self, id: &str) -> Vec<&StepDef> {
-        let targets: HashSet<&str> = self
-            .forward_transitions()
-            .filter(|t| t.from.as_str() == id)
-            .map(|t| t.to.as_str())
-            .collect();
-        let mut out: Vec<&StepDef> = self
-            .steps
+        let shape = crate::Shape::of(self);
+        let Some(i) = shape.lookup(id) else {
+            return Vec::new();
+        };
+        let mut out: Vec<&StepDef> = shape
+            .successors(i)
             .iter()
-            .filter(|s| targets.contains(s.id.as_str()))
+            .map(|&j| &self.steps[j])
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
-        out.dedup_by(|a, b| a.id == b.id);
         out
     }
 
@@ -1269,54 +1240,18 @@ impl WorkflowDef {
     /// On an IR with a forward cycle (which validation rejects) the steps on
     /// or after the cycle cannot be ordered; they come last, by id.
     pub fn topo_order(&self) -> Vec<&StepId> {
-        let top = self.top_level_steps();
-        let mut index: HashMap<&str, usize> = HashMap::with_capacity(top.len());
-        let mut ids: Vec<&StepId> = Vec::with_capacity(top.len());
-        for s in &top {
-            if !index.contains_key(s.id.as_str()) {
-                index.insert(s.id.as_str(), ids.len());
-                ids.push(&s.id);
-            }
-        }
-        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
-        let mut indeg = vec![0usize; ids.len()];
-        let mut seen_edges: HashSet<(usize, usize)> = HashSet::new();
-        for t in self.forward_transitions() {
-            if let (Some(&a), Some(&b)) = (index.get(t.from.as_str()), index.get(t.to.as_str()))
-                && seen_edges.insert((a, b))
-            {
-                succ[a].push(b);
-                indeg[b] += 1;
-            }
-        }
-        let mut ready: BinaryHeap<Reverse<(&str, usize)>> = ids
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| indeg[*i] == 0)
-            .map(|(i, id)| Reverse((id.as_str(), i)))
+        let shape = crate::Shape::of(self);
+        let mut order: Vec<&StepId> = shape.order().iter().map(|&i| &self.steps[i].id).collect();
+        let mut rest: Vec<&StepId> = (0..self.steps.len())
+            .filter(|&i| {
+                shape.lookup(self.steps[i].id.as_str()) == Some(i)
+                    && shape.is_top(i)
+                    && shape.position(i).is_none()
+            })
+            .map(|i| &self.steps[i].id)
             .collect();
-        let mut order = Vec::with_capacity(ids.len());
-        let mut done = vec![false; ids.len()];
-        while let Some(Reverse((_, i))) = ready.pop() {
-            order.push(ids[i]);
-            done[i] = true;
-            for &j in &succ[i] {
-                indeg[j] -= 1;
-                if indeg[j] == 0 {
-                    ready.push(Reverse((ids[j].as_str(), j)));
-                }
-            }
-        }
-        if order.len() < ids.len() {
-            let mut rest: Vec<&StepId> = ids
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !done[*i])
-                .map(|(_, id)| *id)
-                .collect();
-            rest.sort();
-            order.extend(rest);
-        }
+        rest.sort();
+        order.extend(rest);
         order
     }
 
@@ -1324,44 +1259,11 @@ impl WorkflowDef {
     /// [`StepKind::Judgment`] step, which pauses the run until a judge answers.
     ///
     /// This looks at this definition only; sub-workflows are known only once
-    /// resolved — see [`WorkflowDef::is_long_lived_with`] and
-    /// [`crate::Validated::is_long_lived`], which include them.
+    /// resolved — see [`crate::Validated::is_long_lived`], which includes them.
     pub fn is_long_lived(&self) -> bool {
         self.steps
             .iter()
             .any(|s| matches!(s.kind, StepKind::Judgment(_)))
-    }
-
-    /// [`WorkflowDef::is_long_lived`], also looking through every
-    /// sub-workflow `resolver` can see (transitively; each workflow version
-    /// visited once). A sub-workflow the resolver cannot find counts as not
-    /// long-lived: validation rejects such a workflow anyway.
-    pub fn is_long_lived_with(&self, resolver: &dyn WorkflowResolver) -> bool {
-        let mut seen: HashSet<WorkflowVersion> = HashSet::new();
-        let mut stack: Vec<std::sync::Arc<WorkflowDef>> = Vec::new();
-        let mut visit = |def: &WorkflowDef, stack: &mut Vec<std::sync::Arc<WorkflowDef>>| -> bool {
-            if def.is_long_lived() {
-                return true;
-            }
-            for s in &def.steps {
-                if let StepKind::SubWorkflow(sw) = &s.kind
-                    && let Ok((v, child)) = resolver.resolve_workflow(&sw.id, &sw.version)
-                    && seen.insert(v)
-                {
-                    stack.push(child);
-                }
-            }
-            false
-        };
-        if visit(self, &mut stack) {
-            return true;
-        }
-        while let Some(def) = stack.pop() {
-            if visit(&def, &mut stack) {
-                return true;
-            }
-        }
-        false
     }
 }
 

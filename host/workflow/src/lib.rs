@@ -17,6 +17,7 @@ pub mod capability;
 pub mod frontend;
 pub mod ir;
 pub mod registry;
+pub mod shape;
 pub mod validate;
 pub mod version;
 
@@ -30,9 +31,10 @@ pub use registry::{
     MemoryRegistry, MemoryWorkflows, Registries, ToolInfo, ToolRegistry, Unresolved,
     UnresolvedWorkflow, VerifierRegistry, WorkflowResolver,
 };
+pub use shape::{BackEdge, Shape};
 pub use validate::{
-    EligibilityReport, IneligibleStep, Site, Validated, ValidationCode, ValidationError,
-    ValidatorLimits, eligibility_report, validate, validate_arc, validate_for_shadow,
-    validate_with,
+    EligibilityReport, IneligibleStep, SchemaViolation, Site, Validated, ValidationCode,
+    ValidationError, ValidatorLimits, eligibility_report, validate, validate_arc,
+    validate_for_shadow, validate_with,
 };
 pub use version::{VersionParseError, VersionPrefix, WorkflowVersion};

@@ -29,9 +29,9 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use poimen_workflow::*;
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use workflow::*;
 
 fn canonical_dir() -> PathBuf {
     fixtures().join("canonical")

@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use workflow::frontend::{MAX_ALIAS_EXPANSION, MAX_DOCUMENT_BYTES, MAX_NESTING_DEPTH};
-use workflow::*;
+use poimen_workflow::frontend::{MAX_ALIAS_EXPANSION, MAX_DOCUMENT_BYTES, MAX_NESTING_DEPTH};
+use poimen_workflow::*;
 
 fn err(src: &[u8], format: Format) -> ParseError {
     match parse(src, format, "wf.src") {

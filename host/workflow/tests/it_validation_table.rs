@@ -21,10 +21,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
+use poimen_workflow::validate::{MAX_PARALLEL_WIDTH, MAX_STEP_TIMEOUT, ValidationCode};
+use poimen_workflow::*;
 use serde_json::json;
 use strum::IntoEnumIterator;
-use workflow::validate::{MAX_PARALLEL_WIDTH, MAX_STEP_TIMEOUT, ValidationCode};
-use workflow::*;
 
 type Expect = Box<dyn Fn(&ValidationError) -> bool>;
 

@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poimen_workflow::ReasoningEffort;
 use serde_json::{Value, json};
-use workflow::ReasoningEffort;
 
 use crate::effects::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, Usage};
 

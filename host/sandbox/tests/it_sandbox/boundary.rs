@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use sandbox::record::{CallKind, Outcome, b3};
-use sandbox::{
-    BuildError, Capability, EffectClass, Host, ImportClass, InvokeError, LoadError, PluginKind,
-    ToolCall, ToolRegistry, VerifierRegistry, WIT_PACKAGE,
+use poimen_sandbox::record::{CallKind, Outcome, b3};
+use poimen_sandbox::{
+    BuildError, Capability, EffectClass, ImportClass, InvokeError, LoadError, PluginHost,
+    PluginKind, ToolRegistry, ToolRequest, VerifierRegistry, WIT_PACKAGE,
 };
 use serde_json::json;
 
@@ -20,7 +20,7 @@ async fn every_invocation_has_a_complete_serializable_record() {
     let args = json!({"value": {"b": 1.0, "a": [1e2]}, "select": "/a/0"});
     let r = w
         .host
-        .invoke_tool(ToolCall::new(tool("json@^0.1"), args, "run-1/step-2/0"))
+        .invoke_tool(ToolRequest::new(tool("json@^0.1"), args, "run-1/step-2/0"))
         .await;
     // The guest parsed the canonical text, where `1e2` is `100`.
     assert_eq!(r.outcome, Ok(json!(100)));
@@ -50,8 +50,8 @@ async fn every_invocation_has_a_complete_serializable_record() {
         }
     );
     assert!(rec.fuel_consumed.is_some_and(|f| f > 0));
-    assert_eq!(rec.limits, sandbox::Limits::default());
-    let back: sandbox::HostcallRecord =
+    assert_eq!(rec.limits, poimen_sandbox::Limits::default());
+    let back: poimen_sandbox::HostcallRecord =
         serde_json::from_str(&serde_json::to_string(rec).expect("ser")).expect("de");
     assert_eq!(&back, rec);
 
@@ -65,7 +65,7 @@ async fn every_invocation_has_a_complete_serializable_record() {
 async fn the_same_call_is_the_same_record_but_for_wall_time() {
     let w = world().await;
     let again = || {
-        w.host.invoke_tool(ToolCall::new(
+        w.host.invoke_tool(ToolRequest::new(
             tool("text"),
             json!({"op": "count", "pattern": "x", "text": "xx"}),
             "k",
@@ -91,7 +91,7 @@ async fn sixty_four_simultaneous_invocations_keep_separate_records() {
                 ("json", json!({"value": {"i": i}, "select": "/i"}))
             };
             let r = host
-                .invoke_tool(ToolCall::new(tool(name), args.clone(), format!("k{i}")))
+                .invoke_tool(ToolRequest::new(tool(name), args.clone(), format!("k{i}")))
                 .await;
             (i, name, args, r)
         });
@@ -135,7 +135,7 @@ async fn dropping_the_future_interrupts_a_spinning_guest() {
     let host = w.host.clone();
     let task = tokio::spawn(async move {
         host.invoke_tool(
-            ToolCall::new(tool("adv-spin"), json!({}), "k").timeout(Duration::from_secs(600)),
+            ToolRequest::new(tool("adv-spin"), json!({}), "k").timeout(Duration::from_secs(600)),
         )
         .await
     });
@@ -147,7 +147,7 @@ async fn dropping_the_future_interrupts_a_spinning_guest() {
 
     // Drop the future itself, in a select.
     let spin = w.host.invoke_tool(
-        ToolCall::new(tool("adv-spin"), json!({}), "k2").timeout(Duration::from_secs(600)),
+        ToolRequest::new(tool("adv-spin"), json!({}), "k2").timeout(Duration::from_secs(600)),
     );
     tokio::select! {
         _ = spin => panic!("a spinning guest returned"),
@@ -238,12 +238,12 @@ async fn a_pinned_digest_must_match() {
     let args = json!({"op": "count", "pattern": "a", "text": "a"});
     let ok = w
         .host
-        .invoke_tool(ToolCall::new(tool("text"), args.clone(), "k").pinned(&digest))
+        .invoke_tool(ToolRequest::new(tool("text"), args.clone(), "k").pinned(&digest))
         .await;
     assert_eq!(ok.outcome, Ok(json!({"count": 1})));
     let wrong = w
         .host
-        .invoke_tool(ToolCall::new(tool("text"), args, "k").pinned("b3:0000"))
+        .invoke_tool(ToolRequest::new(tool("text"), args, "k").pinned("b3:0000"))
         .await;
     assert_eq!(
         error(&wrong),
@@ -360,7 +360,7 @@ async fn withholding_builds_the_host_and_names_the_missing_grant_on_every_use() 
     assert!(r.outcome.is_ok(), "{:?}", r.outcome);
 }
 
-async fn still_healthy_json(host: &Host) {
+async fn still_healthy_json(host: &PluginHost) {
     let r = call(host, "json", json!({"value": [1], "select": "/0"})).await;
     assert_eq!(r.outcome, Ok(json!(1)));
 }
@@ -397,15 +397,15 @@ async fn a_policy_file_fixture_grants_its_mounts() {
 async fn the_compile_cache_is_used_the_second_time() {
     let dir = tempfile::tempdir().expect("dir");
     let build = || {
-        Host::builder()
+        PluginHost::builder()
             .cache_dir(dir.path())
             .component_bytes("t", bytes(plugin_artifacts::ADV_SPIN))
             .build()
     };
     let first = build().await.expect("host").tools().list();
     let second = build().await.expect("host").tools().list();
-    assert_eq!(first[0].cache, sandbox::CacheOutcome::Compiled);
-    assert_eq!(second[0].cache, sandbox::CacheOutcome::Hit);
+    assert_eq!(first[0].cache, poimen_sandbox::CacheOutcome::Compiled);
+    assert_eq!(second[0].cache, poimen_sandbox::CacheOutcome::Hit);
     assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
 }
 
@@ -445,7 +445,7 @@ async fn inspect_reports_descriptor_imports_and_problems() {
             .all(|t| t.info.name != "adv-undeclared-http")
     );
     // The free function, on a throwaway host.
-    let e = sandbox::inspect(b"not wasm".to_vec())
+    let e = poimen_sandbox::inspect(b"not wasm".to_vec())
         .await
         .expect_err("junk");
     assert!(matches!(e, LoadError::Compile { .. }));
@@ -454,15 +454,19 @@ async fn inspect_reports_descriptor_imports_and_problems() {
 #[tokio::test]
 async fn the_allocator_is_pooling_unless_turned_off() {
     let w = world().await;
-    assert_eq!(w.host.allocator(), sandbox::AllocatorKind::Pooling);
-    let h = Host::builder().pooling(false).build().await.expect("host");
-    assert_eq!(h.allocator(), sandbox::AllocatorKind::OnDemand);
-    let h = Host::builder()
+    assert_eq!(w.host.allocator(), poimen_sandbox::AllocatorKind::Pooling);
+    let h = PluginHost::builder()
+        .pooling(false)
+        .build()
+        .await
+        .expect("host");
+    assert_eq!(h.allocator(), poimen_sandbox::AllocatorKind::OnDemand);
+    let h = PluginHost::builder()
         .pool_instances(u32::MAX / 8)
         .build()
         .await
         .expect("host falls back");
-    assert_eq!(h.allocator(), sandbox::AllocatorKind::OnDemand);
+    assert_eq!(h.allocator(), poimen_sandbox::AllocatorKind::OnDemand);
 }
 
 #[tokio::test]

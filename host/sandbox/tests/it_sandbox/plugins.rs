@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use sandbox::{
-    Host, InvokeError, LimitOverrides, LoadError, Policy, ToolCall, ToolError, VerifierCall,
+use poimen_sandbox::{
+    InvokeError, LimitOverrides, LoadError, PluginHost, Policy, ToolError, ToolRequest,
+    VerifierRequest,
 };
 use serde_json::json;
 
@@ -173,7 +174,7 @@ fn ledger_lines(w: &support::World) -> Vec<serde_json::Value> {
 #[tokio::test]
 pub(crate) async fn ledger() {
     let w = world().await;
-    let append = |key: &str| ToolCall::new(tool("ledger"), json!({"entry": {"paid": 5}}), key);
+    let append = |key: &str| ToolRequest::new(tool("ledger"), json!({"entry": {"paid": 5}}), key);
     let first = w.host.invoke_tool(append("k1")).await;
     assert_eq!(first.outcome, Ok(json!({"appended": true, "lines": 1})));
     // Non-idempotent: the same key appends again.
@@ -200,7 +201,7 @@ pub(crate) async fn ledger() {
     );
     let bad = w
         .host
-        .invoke_tool(ToolCall::new(
+        .invoke_tool(ToolRequest::new(
             tool("ledger"),
             json!({"file": "../x", "entry": 1}),
             "k2",
@@ -215,7 +216,8 @@ pub(crate) async fn ledger() {
 #[tokio::test]
 pub(crate) async fn ledger_idempotent() {
     let w = world().await;
-    let append = |key: &str| ToolCall::new(tool("ledger-idempotent"), json!({"entry": "x"}), key);
+    let append =
+        |key: &str| ToolRequest::new(tool("ledger-idempotent"), json!({"entry": "x"}), key);
     assert_eq!(
         w.host.invoke_tool(append("k1")).await.outcome,
         Ok(json!({"appended": true, "lines": 1}))
@@ -282,12 +284,12 @@ pub(crate) async fn http_get() {
 }
 
 async fn verify(
-    host: &Host,
+    host: &PluginHost,
     name: &str,
     output: serde_json::Value,
     config: serde_json::Value,
-) -> sandbox::VerifierInvocation {
-    host.invoke_verifier(VerifierCall::new(
+) -> poimen_sandbox::VerifierInvocation {
+    host.invoke_verifier(VerifierRequest::new(
         tool(name),
         json!({"q": 1}),
         output,
@@ -321,7 +323,7 @@ pub(crate) async fn json_schema() {
         r.outcome,
         Err(InvokeError::Tool(ToolError::InvalidInput(_)))
     ));
-    assert_eq!(r.record.kind, sandbox::record::CallKind::Verifier);
+    assert_eq!(r.record.kind, poimen_sandbox::record::CallKind::Verifier);
 }
 
 #[tokio::test]
@@ -363,7 +365,7 @@ pub(crate) async fn adv_spin() {
     let r = w
         .host
         .invoke_tool(
-            ToolCall::new(tool("adv-spin"), json!({}), "k").timeout(Duration::from_millis(300)),
+            ToolRequest::new(tool("adv-spin"), json!({}), "k").timeout(Duration::from_millis(300)),
         )
         .await;
     assert_eq!(
@@ -374,7 +376,7 @@ pub(crate) async fn adv_spin() {
     );
     assert_eq!(
         r.record.outcome,
-        sandbox::record::Outcome::Error {
+        poimen_sandbox::record::Outcome::Error {
             kind: "timeout".into(),
             message: "timed out after 300ms".into()
         }
@@ -450,7 +452,7 @@ pub(crate) async fn adv_huge_output() {
     match error(&r) {
         InvokeError::OutputTooLarge { bytes, limit_bytes } => {
             assert!(*bytes > 100 << 20, "{bytes}");
-            assert_eq!(*limit_bytes, sandbox::limits::DEFAULT_OUTPUT_BYTES);
+            assert_eq!(*limit_bytes, poimen_sandbox::limits::DEFAULT_OUTPUT_BYTES);
         }
         e => panic!("expected OutputTooLarge, got {e:?}"),
     }

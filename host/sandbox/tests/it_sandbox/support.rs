@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use sandbox::{Host, Invocation, InvokeError, LimitOverrides, Policy, ToolCall, ToolRef};
+use poimen_sandbox::{
+    Invocation, InvokeError, LimitOverrides, PluginHost, Policy, ToolRef, ToolRequest,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -49,7 +51,7 @@ fn prime() {
                 .build()
                 .expect("runtime");
             rt.block_on(async {
-                let host = Host::builder()
+                let host = PluginHost::builder()
                     .cache_dir(cache_dir())
                     .build()
                     .await
@@ -65,9 +67,9 @@ fn prime() {
 }
 
 /// A host builder using the shared compile cache (primed).
-pub fn builder() -> sandbox::HostBuilder {
+pub fn builder() -> poimen_sandbox::PluginHostBuilder {
     prime();
-    Host::builder().cache_dir(cache_dir())
+    PluginHost::builder().cache_dir(cache_dir())
 }
 
 pub fn bytes(path: &str) -> Vec<u8> {
@@ -115,7 +117,7 @@ impl Server {
 
 /// The directories and server one test host uses.
 pub struct World {
-    pub host: Host,
+    pub host: PluginHost,
     /// `/data` of `fs-read` and `adv-fs-escape`: holds `notes.txt`,
     /// `sub/inner.txt`, and symlinks `link-out` (to a directory outside)
     /// and `link-file` (to `../secret.txt`).
@@ -182,13 +184,13 @@ pub fn tool(name: &str) -> ToolRef {
     name.parse().expect("tool ref")
 }
 
-pub async fn call(host: &Host, name: &str, args: Value) -> Invocation {
-    host.invoke_tool(ToolCall::new(tool(name), args, format!("key-{name}")))
+pub async fn call(host: &PluginHost, name: &str, args: Value) -> Invocation {
+    host.invoke_tool(ToolRequest::new(tool(name), args, format!("key-{name}")))
         .await
 }
 
 /// Asserts the host still serves a plain call, after whatever went before.
-pub async fn still_healthy(host: &Host) {
+pub async fn still_healthy(host: &PluginHost) {
     let r = call(
         host,
         "text",

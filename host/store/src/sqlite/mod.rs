@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, MAIN_DB, OpenFlags, Transaction, TransactionBehavior};
-use workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 
 use self::errors::sql_error;
 use self::ops::At;

@@ -10,9 +10,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
 
+use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use rusqlite::{Connection, OptionalExtension, Row, ToSql, params};
 use serde_json::Value;
-use workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 
 use super::errors::{bad_value, sql_error};
 use crate::error::StoreError;

@@ -261,6 +261,25 @@ impl TryFrom<StepDoc> for StepDef {
     }
 }
 
+// The IR's `Deserialize` goes through the strict document shape; it is
+// written here, not derived on the IR, so the IR does not depend on its
+// front end.
+impl<'de> Deserialize<'de> for StepDef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StepDef, D::Error> {
+        StepDoc::deserialize(d)?
+            .into_step()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkflowDef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WorkflowDef, D::Error> {
+        WorkflowDoc::deserialize(d)?
+            .into_def()
+            .map_err(|(_, e)| serde::de::Error::custom(e))
+    }
+}
+
 impl TryFrom<WorkflowDoc> for WorkflowDef {
     type Error = KindError;
     fn try_from(doc: WorkflowDoc) -> Result<WorkflowDef, KindError> {

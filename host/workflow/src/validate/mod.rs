@@ -12,8 +12,8 @@
 //! [`ValidatorLimits`] so that a caller (or the constant-audit test) can move
 //! exactly one of them.
 
-mod error;
-mod graph;
+pub(crate) mod error;
+pub(crate) mod limits;
 mod reads;
 mod refs;
 mod resolve;
@@ -25,92 +25,16 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use error::{IneligibleStep, SchemaViolation, Site, ValidationCode, ValidationError};
+pub use limits::*;
 pub use refs::{PURE_CEL_FUNCTIONS, ROOTS, TEMPLATE_GLOBALS};
 
 use crate::canonical::version_of;
 use crate::ir::*;
 use crate::registry::{Registries, ToolInfo, Unresolved, UnresolvedWorkflow};
+use crate::shape::{self, Reach, Shape};
 use crate::version::WorkflowVersion;
-use graph::{Reach, Shape};
 use refs::Reader;
 use resolve::Resolver;
-
-/// Most steps in one workflow.
-pub const MAX_STEPS: usize = 100_000;
-/// Most branches of one parallel step.
-pub const MAX_PARALLEL_WIDTH: usize = 64;
-/// Most attempts of one step (`retry.max_attempts`).
-pub const MAX_RETRY_ATTEMPTS: u32 = 10;
-/// Longest timeout of one attempt: seven days, so a judgment step can wait
-/// for a human.
-pub const MAX_STEP_TIMEOUT: Millis = Millis(7 * 24 * 3_600_000);
-/// Largest `max_iterations` of a back-edge.
-pub const MAX_LOOP_ITERATIONS: u32 = 1_000;
-/// Deepest sub-workflow call chain below the workflow being validated.
-pub const MAX_SUBWORKFLOW_DEPTH: usize = 8;
-/// Largest template (prompt, argument string, key, source), in bytes.
-pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
-/// Largest predicate, in bytes.
-pub const MAX_PREDICATE_BYTES: usize = 4 * 1024;
-
-/// Step ids and state keys: usable as template attributes (`steps.fetch`).
-pub const STEP_ID_PATTERN: &str = "^[a-z][a-z0-9_]{0,63}$";
-/// Workflow ids (and names of workflows exposed as tools): dot-separated
-/// segments (`billing.refund`), at most [`MAX_WORKFLOW_ID_LEN`] characters.
-pub const WORKFLOW_ID_PATTERN: &str = "^[a-z][a-z0-9_-]*(\\.[a-z][a-z0-9_-]*)*$";
-/// Longest workflow id.
-pub const MAX_WORKFLOW_ID_LEN: usize = 128;
-
-/// The limits the validator enforces; [`Default`] is the kernel constants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ValidatorLimits {
-    pub max_steps: usize,
-    pub max_parallel_width: usize,
-    pub max_retry_attempts: u32,
-    pub max_step_timeout: Millis,
-    pub max_loop_iterations: u32,
-    pub max_subworkflow_depth: usize,
-    pub max_template_bytes: usize,
-    pub max_predicate_bytes: usize,
-}
-
-impl Default for ValidatorLimits {
-    fn default() -> Self {
-        ValidatorLimits {
-            max_steps: MAX_STEPS,
-            max_parallel_width: MAX_PARALLEL_WIDTH,
-            max_retry_attempts: MAX_RETRY_ATTEMPTS,
-            max_step_timeout: MAX_STEP_TIMEOUT,
-            max_loop_iterations: MAX_LOOP_ITERATIONS,
-            max_subworkflow_depth: MAX_SUBWORKFLOW_DEPTH,
-            max_template_bytes: MAX_TEMPLATE_BYTES,
-            max_predicate_bytes: MAX_PREDICATE_BYTES,
-        }
-    }
-}
-
-/// Whether `s` matches [`STEP_ID_PATTERN`].
-pub fn is_step_id(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 64
-        && b[0].is_ascii_lowercase()
-        && b.iter()
-            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
-}
-
-/// Whether `s` matches [`WORKFLOW_ID_PATTERN`] and [`MAX_WORKFLOW_ID_LEN`].
-pub fn is_workflow_id(s: &str) -> bool {
-    s.len() <= MAX_WORKFLOW_ID_LEN
-        && s.split('.').all(|seg| {
-            let b = seg.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_lowercase()
-                && b.iter().all(|&c| {
-                    c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-'
-                })
-        })
-}
 
 /// Whether a workflow may run in shadow evaluation, and if not, which uses
 /// of which tools disqualify it (sub-workflows included).
@@ -153,9 +77,22 @@ pub struct Validated {
     verifiers: BTreeMap<ToolRef, ToolInfo>,
     sub_workflows: BTreeMap<StepId, Arc<Validated>>,
     eligibility: EligibilityReport,
+    shape: Arc<Shape>,
 }
 
 impl Validated {
+    /// The workflow's shape — ready order, owners, back-edges — as the
+    /// validator computed it: the executor runs this order and `plan` shows
+    /// it.
+    pub fn shape(&self) -> &Arc<Shape> {
+        &self.shape
+    }
+
+    /// The step with this id.
+    pub fn step(&self, id: &str) -> Option<&StepDef> {
+        self.shape.lookup(id).map(|i| &self.def.steps[i])
+    }
+
     pub fn def(&self) -> &WorkflowDef {
         &self.def
     }
@@ -505,7 +442,7 @@ struct Checker<'a, 'b> {
     def: &'a WorkflowDef,
     limits: &'b ValidatorLimits,
     errors: Vec<ValidationError>,
-    shape: Shape<'a>,
+    shape: Shape,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -552,7 +489,7 @@ fn check(
             errors.push(ValidationError::InvalidStateKey { key: key.clone() });
         }
     }
-    let shape = graph::build(def, limits, &mut errors);
+    let shape = shape::build(def, limits, &mut errors);
     let mut c = Checker {
         def,
         limits,
@@ -587,6 +524,7 @@ fn check(
         verifiers,
         sub_workflows,
         eligibility,
+        shape: Arc::new(c.shape),
     })
 }
 

@@ -15,8 +15,8 @@ use crate::ir::*;
 
 use super::ValidatorLimits;
 use super::error::{Site, ValidationError};
-use super::graph::{Reach, Shape};
 use super::refs::{PURE_CEL_FUNCTIONS, Reader, TEMPLATE_GLOBALS};
+use crate::shape::{Reach, Shape};
 
 /// Where a template or predicate sits, borrowed from the workflow.
 #[derive(Clone, Copy)]
@@ -129,16 +129,16 @@ struct StepRead<'a> {
 
 pub(crate) struct Reads<'a, 's> {
     def: &'a WorkflowDef,
-    shape: &'s Shape<'a>,
+    shape: &'s Shape,
     limits: &'s ValidatorLimits,
     pub(crate) errors: Vec<ValidationError>,
     pending: Vec<StepRead<'a>>,
 }
 
 /// Checks every template and predicate of `def`.
-pub(crate) fn check<'a>(
-    def: &'a WorkflowDef,
-    shape: &Shape<'a>,
+pub(crate) fn check(
+    def: &WorkflowDef,
+    shape: &Shape,
     limits: &ValidatorLimits,
     reader: &mut Reader,
 ) -> Vec<ValidationError> {
@@ -221,8 +221,8 @@ pub(crate) fn check<'a>(
     for &(f, t, ti) in &shape.back_edges {
         if let Some(p) = &def.transitions[ti].when {
             let site = SiteRef::Transition {
-                from: shape.id(f),
-                to: shape.id(t),
+                from: &def.steps[f].id,
+                to: &def.steps[t].id,
             };
             r.predicate(reader, site, &p.0, ReadAt::BackEdge(f));
         }

@@ -4,8 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use poimen_workflow::{
+    Format, MemoryRegistry, MemoryWorkflows, ToolInfo, WorkflowDef, parse, version_of,
+};
 use serde::Deserialize;
-use workflow::{Format, MemoryRegistry, MemoryWorkflows, ToolInfo, WorkflowDef, parse, version_of};
 
 /// `fixtures/` at the repository root.
 pub fn fixtures() -> PathBuf {

@@ -1,75 +1,241 @@
-//! The structural checks: ids, ownership, transitions, the forward DAG,
-//! reachability, and an exact, near-linear "runs before" oracle.
+//! The one shape of a workflow: which steps run at the top level and in
+//! which order, who owns which step, the forward predecessors and
+//! successors, the bounded back-edges, and reachability.
 //!
-//! Everything here is index-based and linear in steps + transitions, except
-//! the deterministic topological order (a heap: `n log n`) and the
-//! ancestor oracle, whose slow path is `(n + m)` per 64 distinct queried
-//! ancestors that no cheap test decides (see [`Reach`]).
+//! It is computed once, by [`build`], while the validator checks a
+//! definition (every id, ownership and transition problem is reported
+//! there), and carried by [`crate::Validated`]: the executor walks it, `plan`
+//! shows it, the validator's later checks read it. There is no second
+//! implementation: [`crate::WorkflowDef::topo_order`] and the other helpers
+//! over a raw definition call [`Shape::of`], which is the same routine with
+//! its problems discarded.
+//!
+//! Hand-written rather than `petgraph`: the validator needs the exact
+//! deterministic order (Kahn's algorithm, smallest id first — petgraph's
+//! toposort has no tie-break), shortest cycle paths for its diagnostics,
+//! ownership forests with cycle detection, and the bulk ancestor oracle in
+//! [`Reach`], all over plain indexes in one linear pass (10 000 steps
+//! validate in under 20 ms). Building a petgraph `Graph` first would only add
+//! a copy of the same adjacency lists.
+//!
+//! Everything here is index-based (`usize` into `def.steps`) and linear in
+//! steps + transitions, except the deterministic topological order (a heap:
+//! `n log n`) and the ancestor oracle, whose slow path is `(n + m)` per 64
+//! distinct queried ancestors that no cheap test decides (see [`Reach`]).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use crate::ir::{StepId, StepKind, WorkflowDef};
+use crate::validate::error::ValidationError;
+use crate::validate::limits::ValidatorLimits;
 
-use super::ValidatorLimits;
-use super::error::ValidationError;
-
-/// The indexed shape of one workflow.
-pub(crate) struct Shape<'a> {
-    pub def: &'a WorkflowDef,
+/// The indexed shape of one workflow. Indexes are positions in
+/// `WorkflowDef::steps`; a repeated id resolves to its first declaration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// Step ids, by index.
+    pub(crate) ids: Vec<StepId>,
     /// Step id → index of its first declaration.
-    pub index: HashMap<&'a str, usize>,
+    pub(crate) index: HashMap<StepId, usize>,
+    /// Whether each step is the declaration its id resolves to.
+    pub(crate) primary: Vec<bool>,
     /// The (first) owner of each step.
-    pub owner: Vec<Option<usize>>,
+    pub(crate) owner: Vec<Option<usize>>,
     /// Owned steps of each step, resolved, in declaration order.
-    pub owned: Vec<Vec<usize>>,
+    pub(crate) owned: Vec<Vec<usize>>,
     /// The top-level step that runs each step: itself when top-level, its
     /// owner's root otherwise; `None` when the ownership chain is cyclic.
-    pub root: Vec<Option<usize>>,
+    pub(crate) root: Vec<Option<usize>>,
     /// Forward predecessors (top-level steps only, deduplicated).
-    pub pred: Vec<Vec<usize>>,
+    pub(crate) pred: Vec<Vec<usize>>,
+    /// Forward successors (top-level steps only, deduplicated).
+    pub(crate) succ: Vec<Vec<usize>>,
     /// Position in the deterministic topological order; `usize::MAX` for a
     /// step that is not top-level or cannot be ordered (on/after a cycle).
-    pub topo_pos: Vec<usize>,
+    pub(crate) topo_pos: Vec<usize>,
     /// Top-level steps in topological order.
-    pub order: Vec<usize>,
+    pub(crate) order: Vec<usize>,
     /// Whether the forward transitions form a DAG.
-    pub acyclic: bool,
+    pub(crate) acyclic: bool,
     /// Resolved back-edges: (from, to, transition index).
-    pub back_edges: Vec<(usize, usize, usize)>,
+    pub(crate) back_edges: Vec<(usize, usize, usize)>,
 }
 
-impl<'a> Shape<'a> {
-    pub(crate) fn id(&self, i: usize) -> &'a StepId {
-        &self.def.steps[i].id
+/// A bounded loop: the back-edge from `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackEdge {
+    pub from: usize,
+    pub to: usize,
+    /// Its index in `WorkflowDef::transitions`.
+    pub transition: usize,
+}
+
+impl Shape {
+    /// The shape of any definition, valid or not (problems are discarded:
+    /// [`crate::validate`] reports them). On an invalid definition it
+    /// answers for the part that makes sense: steps on or after a forward
+    /// cycle are not in [`Shape::ready_order`].
+    pub fn of(def: &WorkflowDef) -> Shape {
+        build(def, &ValidatorLimits::default(), &mut Vec::new())
     }
 
-    pub(crate) fn lookup(&self, id: &str) -> Option<usize> {
+    /// The id of step `i`.
+    pub fn id(&self, i: usize) -> &StepId {
+        &self.ids[i]
+    }
+
+    /// The index of the step with this id (its first declaration).
+    pub fn lookup(&self, id: &str) -> Option<usize> {
         self.index.get(id).copied()
     }
 
-    pub(crate) fn is_top(&self, i: usize) -> bool {
+    /// How many steps the definition declares.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the definition declares no steps.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Whether step `i` runs at the top level (no step owns it).
+    pub fn is_top(&self, i: usize) -> bool {
         self.owner[i].is_none()
+    }
+
+    /// The top-level steps in the order the interpreter runs them: a
+    /// topological order of the forward transitions, ties broken by step id
+    /// (Kahn's algorithm with the smallest ready id first).
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// [`Shape::order`], as ids.
+    pub fn ready_order(&self) -> impl Iterator<Item = &StepId> {
+        self.order.iter().map(|&i| &self.ids[i])
+    }
+
+    /// The position of a top-level step in [`Shape::order`].
+    pub fn position(&self, i: usize) -> Option<usize> {
+        Some(self.topo_pos[i]).filter(|&p| p != usize::MAX)
+    }
+
+    /// The forward predecessors of top-level step `i`.
+    pub fn predecessors(&self, i: usize) -> &[usize] {
+        &self.pred[i]
+    }
+
+    /// The forward successors of top-level step `i`.
+    pub fn successors(&self, i: usize) -> &[usize] {
+        &self.succ[i]
+    }
+
+    /// The Parallel or Conditional step that runs step `i`, if any.
+    pub fn owner(&self, i: usize) -> Option<usize> {
+        self.owner[i]
+    }
+
+    /// The steps that step `i` runs (branches, conditional targets), in
+    /// declaration order.
+    pub fn owned(&self, i: usize) -> &[usize] {
+        &self.owned[i]
+    }
+
+    /// Every step below `i` in the ownership forest, depth first in
+    /// declaration order (its branches, their targets, …).
+    pub fn owned_closure(&self, i: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack: Vec<usize> = self.owned[i].iter().rev().copied().collect();
+        let mut seen = vec![false; self.ids.len()];
+        while let Some(j) = stack.pop() {
+            if std::mem::replace(&mut seen[j], true) {
+                continue;
+            }
+            out.push(j);
+            stack.extend(self.owned[j].iter().rev().copied());
+        }
+        out
+    }
+
+    /// The top-level step that runs step `i` (itself when top-level).
+    pub fn root(&self, i: usize) -> Option<usize> {
+        self.root[i]
+    }
+
+    /// Whether the forward transitions form a DAG.
+    pub fn is_acyclic(&self) -> bool {
+        self.acyclic
+    }
+
+    /// The bounded back-edges, in transition order.
+    pub fn back_edges(&self) -> impl Iterator<Item = BackEdge> + '_ {
+        self.back_edges
+            .iter()
+            .map(|&(from, to, transition)| BackEdge {
+                from,
+                to,
+                transition,
+            })
+    }
+
+    /// The back-edge leaving step `i`, if any (a valid workflow has at most one).
+    pub fn back_edge_from(&self, i: usize) -> Option<BackEdge> {
+        self.back_edges().find(|b| b.from == i)
+    }
+
+    /// The steps of the loop closed by the back-edge `from -> to`: every
+    /// top-level step on a forward path from `to` to `from`, in
+    /// [`Shape::order`].
+    pub fn loop_body(&self, from: usize, to: usize) -> Vec<usize> {
+        let reach = |start: usize, next: &[Vec<usize>]| {
+            let mut seen = vec![false; self.ids.len()];
+            let mut queue = VecDeque::from([start]);
+            while let Some(s) = queue.pop_front() {
+                if !std::mem::replace(&mut seen[s], true) {
+                    queue.extend(next[s].iter().copied());
+                }
+            }
+            seen
+        };
+        let forward = reach(to, &self.succ);
+        let backward = reach(from, &self.pred);
+        self.order
+            .iter()
+            .copied()
+            .filter(|&s| forward[s] && backward[s])
+            .collect()
+    }
+
+    /// Top-level steps with no forward predecessor — where a run begins —
+    /// by id.
+    pub fn start_steps(&self) -> Vec<usize> {
+        let mut starts: Vec<usize> = (0..self.ids.len())
+            .filter(|&i| self.primary[i] && self.is_top(i) && self.pred[i].is_empty())
+            .collect();
+        starts.sort_by(|&a, &b| self.ids[a].cmp(&self.ids[b]));
+        starts
     }
 }
 
 /// Builds the shape, reporting every id, ownership and transition problem.
-pub(crate) fn build<'a>(
-    def: &'a WorkflowDef,
+pub(crate) fn build(
+    def: &WorkflowDef,
     limits: &ValidatorLimits,
     errors: &mut Vec<ValidationError>,
-) -> Shape<'a> {
+) -> Shape {
     let n = def.steps.len();
-    let mut index: HashMap<&str, usize> = HashMap::with_capacity(n);
+    let mut index: HashMap<StepId, usize> = HashMap::with_capacity(n);
     let mut dup_reported: HashSet<&str> = HashSet::new();
     // Whether each step is the declaration its id resolves to (later
     // duplicates are reported, then ignored).
     let mut primary = vec![true; n];
     for (i, s) in def.steps.iter().enumerate() {
-        if !super::is_step_id(s.id.as_str()) {
+        if !crate::validate::limits::is_step_id(s.id.as_str()) {
             errors.push(ValidationError::InvalidStepId { step: s.id.clone() });
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = index.entry(s.id.as_str()) {
+        if let std::collections::hash_map::Entry::Vacant(e) = index.entry(s.id.clone()) {
             e.insert(i);
         } else {
             primary[i] = false;
@@ -293,12 +459,14 @@ pub(crate) fn build<'a>(
     }
 
     Shape {
-        def,
+        ids: def.steps.iter().map(|s| s.id.clone()).collect(),
         index,
+        primary,
         owner,
         owned,
         root,
         pred,
+        succ,
         topo_pos,
         order,
         acyclic,
@@ -446,7 +614,7 @@ fn forward_cycles(
         }
         // Shortest way from `start` back to itself inside the component (BFS).
         let mut parent: HashMap<usize, usize> = HashMap::new();
-        let mut queue = std::collections::VecDeque::from([start]);
+        let mut queue = VecDeque::from([start]);
         let mut closing = None;
         'bfs: while let Some(v) = queue.pop_front() {
             let mut next_nodes: Vec<usize> = succ[v]
@@ -497,14 +665,14 @@ fn forward_cycles(
 /// predecessors. The rest are answered by propagating 64-bit ancestor masks
 /// along the topological order, 64 distinct ancestors per pass: `O((n + m)
 /// · ⌈k / 64⌉)` for `k` distinct undecided ancestors.
-pub(crate) struct Reach<'s, 'a> {
-    shape: &'s Shape<'a>,
+pub(crate) struct Reach<'s> {
+    shape: &'s Shape,
     tin: Vec<usize>,
     tout: Vec<usize>,
 }
 
-impl<'s, 'a> Reach<'s, 'a> {
-    pub(crate) fn new(shape: &'s Shape<'a>) -> Self {
+impl<'s> Reach<'s> {
+    pub(crate) fn new(shape: &'s Shape) -> Self {
         let n = shape.owner.len();
         let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
         let mut roots = Vec::new();
@@ -619,7 +787,7 @@ mod tests {
         wf
     }
 
-    fn naive_ancestor(shape: &Shape<'_>, a: usize, d: usize) -> bool {
+    fn naive_ancestor(shape: &Shape, a: usize, d: usize) -> bool {
         let mut seen = vec![false; shape.pred.len()];
         let mut stack = vec![d];
         while let Some(v) = stack.pop() {

@@ -3,8 +3,8 @@
 //! The validator is pure and synchronous; the store is async. This module
 //! bridges them: it fetches every sub-workflow a definition can reach (by
 //! selector, transitively) into an in-memory resolver first, then validates
-//! against the sandbox's registries and that resolver. [`StoreArmory`] is the
-//! executor's `Armory`: a run's version is re-validated against the
+//! against the sandbox's registries and that resolver. [`StoreLoader`] is the
+//! executor's `WorkflowLoader`: a run's version is re-validated against the
 //! registries of the host that runs it, so a tool that disappeared is an
 //! error at load, not in the middle of a run.
 
@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use executor::{Armed, Armory, Failure, FailureClass};
-use store::{Store, StoreError};
-use workflow::{
+use poimen_executor::{Failure, FailureClass, Runnable, WorkflowLoader};
+use poimen_store::{Store, StoreError};
+use poimen_workflow::{
     MemoryWorkflows, Registries, StepKind, Validated, ValidationError, VersionSelector,
     WorkflowDef, WorkflowId, WorkflowVersion, from_canonical,
 };
@@ -92,7 +92,7 @@ pub async fn fetch_subworkflows(
 /// Validates `def` against the sandbox's registries and the store's versions.
 pub async fn check(
     store: &dyn Store,
-    sandbox: &sandbox::Host,
+    sandbox: &poimen_sandbox::PluginHost,
     def: &WorkflowDef,
 ) -> Result<Validated, CheckError> {
     let workflows = fetch_subworkflows(store, def).await?;
@@ -103,40 +103,40 @@ pub async fn check(
         verifiers: &verifiers,
         workflows: &workflows,
     };
-    workflow::validate(def, &registries).map_err(CheckError::Invalid)
+    poimen_workflow::validate(def, &registries).map_err(CheckError::Invalid)
 }
 
-/// The executor's `Armory` over a store and a sandbox.
+/// The executor's `WorkflowLoader` over a store and a sandbox.
 #[derive(Debug)]
-pub struct StoreArmory {
+pub struct StoreLoader {
     pub store: Arc<dyn Store>,
-    pub sandbox: sandbox::Host,
-    cache: Mutex<HashMap<WorkflowVersion, Arc<Armed>>>,
+    pub sandbox: poimen_sandbox::PluginHost,
+    cache: Mutex<HashMap<WorkflowVersion, Arc<Runnable>>>,
 }
 
-impl StoreArmory {
-    pub fn new(store: Arc<dyn Store>, sandbox: sandbox::Host) -> Self {
-        StoreArmory {
+impl StoreLoader {
+    pub fn new(store: Arc<dyn Store>, sandbox: poimen_sandbox::PluginHost) -> Self {
+        StoreLoader {
             store,
             sandbox,
             cache: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Arms an already validated definition (and remembers it).
-    pub fn arm_validated(&self, validated: Validated) -> Arc<Armed> {
-        let armed = Arc::new(Armed::new(validated));
+    /// An already validated definition, ready to run (and remembered).
+    pub fn runnable(&self, validated: Validated) -> Arc<Runnable> {
+        let runnable = Arc::new(Runnable::new(validated));
         self.cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(armed.version, armed.clone());
-        armed
+            .insert(runnable.version, runnable.clone());
+        runnable
     }
 }
 
 #[async_trait]
-impl Armory for StoreArmory {
-    async fn arm(&self, version: &WorkflowVersion) -> Result<Arc<Armed>, Failure> {
+impl WorkflowLoader for StoreLoader {
+    async fn load(&self, version: &WorkflowVersion) -> Result<Arc<Runnable>, Failure> {
         if let Some(a) = self
             .cache
             .lock()
@@ -181,6 +181,6 @@ impl Armory for StoreArmory {
                 ),
                 other => Failure::new(FailureClass::Unavailable, other.to_string()),
             })?;
-        Ok(self.arm_validated(validated))
+        Ok(self.runnable(validated))
     }
 }

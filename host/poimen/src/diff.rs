@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
+use poimen_workflow::WorkflowDef;
 use serde::Serialize;
 use serde_json::Value;
-use workflow::WorkflowDef;
 
 /// One difference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -59,7 +59,7 @@ impl std::fmt::Display for Change {
 }
 
 fn canonical_value(def: &WorkflowDef) -> Value {
-    serde_json::from_slice(&workflow::canonical_bytes(def)).unwrap_or(Value::Null)
+    serde_json::from_slice(&poimen_workflow::canonical_bytes(def)).unwrap_or(Value::Null)
 }
 
 fn kind_of(step: &Value) -> String {

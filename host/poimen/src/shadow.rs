@@ -27,20 +27,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use executor::episode::EpisodeEvent;
-use executor::{
-    Episode, Executor, ExecutorConfig, Failure, FailureClass, ModelProvider, ModelRequest,
-    ModelResponse, StartOptions, SystemClock,
-};
 use futures::StreamExt;
+use poimen_executor::episode::EpisodeEvent;
+use poimen_executor::{
+    Episode, Executor, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse,
+    StartOptions, SystemClock,
+};
+use poimen_store::{MemoryStore, RunFilter, RunRecord, RunStatus, Store};
+use poimen_workflow::{EligibilityReport, Validated, WorkflowVersion};
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use store::{MemoryStore, RunFilter, RunRecord, RunStatus, Store};
-use workflow::{EligibilityReport, Validated, WorkflowVersion};
-
-use crate::armory::StoreArmory;
-use crate::tools::SandboxTools;
 
 /// Where model steps of shadow runs get their answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -117,7 +114,7 @@ impl std::fmt::Debug for ShadowOptions {
 /// Win, tie or loss of the candidate against the baseline on one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum Ranking {
     Win,
     Tie,
     Loss,
@@ -220,7 +217,7 @@ pub struct RunComparison {
     pub baseline_score: f64,
     pub candidate_score: f64,
     pub delta: f64,
-    pub verdict: Verdict,
+    pub verdict: Ranking,
 }
 
 /// Per-criterion aggregate.
@@ -289,7 +286,7 @@ pub enum ShadowError {
     #[error("the sample rate {0} is outside 0..=1")]
     BadRate(f64),
     #[error("the store failed while reading recorded runs: {0}")]
-    Store(#[from] store::StoreError),
+    Store(#[from] poimen_store::StoreError),
     #[error("recorded run {run} cannot be replayed: {detail}")]
     Unreadable { run: String, detail: String },
     #[error("the shadow executor failed on run {run}: {detail}")]
@@ -299,7 +296,7 @@ pub enum ShadowError {
 /// What the evaluation reads and runs on.
 pub(crate) struct Bench<'a> {
     pub live: Arc<dyn Store>,
-    pub sandbox: sandbox::Host,
+    pub sandbox: poimen_sandbox::PluginHost,
     pub models: Arc<dyn ModelProvider>,
     pub live_executor: &'a Executor,
 }
@@ -447,7 +444,7 @@ async fn select(
 async fn sub_workflow_versions(
     live: &dyn Store,
     candidate: &Validated,
-) -> Result<Vec<(workflow::WorkflowId, Vec<u8>)>, ShadowError> {
+) -> Result<Vec<(poimen_workflow::WorkflowId, Vec<u8>)>, ShadowError> {
     let mut out = Vec::new();
     let mut stack: Vec<&Validated> = vec![candidate];
     while let Some(v) = stack.pop() {
@@ -467,8 +464,8 @@ async fn sub_workflow_versions(
 async fn one_run(
     bench: &Bench<'_>,
     candidate: &Validated,
-    sub_versions: &[(workflow::WorkflowId, Vec<u8>)],
-    rubric: &workflow::RubricDef,
+    sub_versions: &[(poimen_workflow::WorkflowId, Vec<u8>)],
+    rubric: &poimen_workflow::RubricDef,
     mode: ModelMode,
     record: RunRecord,
 ) -> Result<RunComparison, ShadowError> {
@@ -503,7 +500,7 @@ async fn one_run(
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     for (id, canonical) in sub_versions {
         store
-            .publish_version(store::NewVersion::of(
+            .publish_version(poimen_store::NewVersion::of(
                 id.clone(),
                 canonical.clone(),
                 None,
@@ -511,31 +508,28 @@ async fn one_run(
             ))
             .await?;
     }
-    let armory = Arc::new(StoreArmory::new(store.clone(), bench.sandbox.clone()));
-    let exec = Executor::new(
+    let wiring = crate::wiring::Wiring::new(
         store.clone(),
-        Arc::new(SandboxTools::new(bench.sandbox.clone())),
+        bench.sandbox.clone(),
         replay.clone(),
         Arc::new(SystemClock),
-        armory.clone(),
-        ExecutorConfig {
-            host_id: "shadow".into(),
-        },
+        "shadow",
     );
-    let armed = armory.arm_validated(candidate.clone());
-    let exec_err = |e: executor::ExecError| ShadowError::Exec {
+    let exec = &wiring.executor;
+    let runnable = wiring.loader.runnable(candidate.clone());
+    let exec_err = |e: &dyn std::fmt::Display| ShadowError::Exec {
         run: run.clone(),
         detail: e.to_string(),
     };
     let started = Instant::now();
     let mut outcome = exec
-        .run(armed, input.clone(), StartOptions::default())
+        .run(runnable, input.clone(), StartOptions::default())
         .await
-        .map_err(exec_err)?;
+        .map_err(|e| exec_err(&e))?;
     // Replay recorded judgments whose request hash matches.
     let mut unreplayed = Vec::new();
     while outcome.status == RunStatus::WaitingJudgment {
-        let open = exec.open_judgments().await.map_err(exec_err)?;
+        let open = exec.open_judgments().await.map_err(|e| exec_err(&e))?;
         let Some((j, recorded)) = open
             .iter()
             .find_map(|j| judgments.get(&j.request_hash).map(|r| (j, r)))
@@ -543,7 +537,7 @@ async fn one_run(
             unreplayed.extend(open.iter().map(|j| j.step.to_string()));
             break;
         };
-        let submission = executor::JudgmentSubmission {
+        let submission = poimen_executor::JudgmentSubmission {
             request_hash: j.request_hash.clone(),
             result: recorded.clone(),
             executor: j.request["executor"].as_str().map(str::to_owned),
@@ -553,10 +547,10 @@ async fn one_run(
         outcome = exec
             .submit_judgment(j.id.as_str(), submission)
             .await
-            .map_err(exec_err)?;
+            .map_err(|e| exec_err(&e))?;
     }
     let candidate_latency_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-    let candidate_episode = exec.episode(&outcome.run).await.map_err(exec_err)?;
+    let candidate_episode = exec.episode(&outcome.run).await.map_err(|e| exec_err(&e))?;
 
     let output_equal = baseline_output == outcome.output;
     let output_diff = serde_json::to_value(json_patch::diff(
@@ -589,11 +583,11 @@ async fn one_run(
     };
     let delta = candidate_score - baseline_score;
     let verdict = if delta > 1e-9 {
-        Verdict::Win
+        Ranking::Win
     } else if delta < -1e-9 {
-        Verdict::Loss
+        Ranking::Loss
     } else {
-        Verdict::Tie
+        Ranking::Tie
     };
     Ok(RunComparison {
         run,
@@ -620,7 +614,7 @@ async fn one_run(
 
 async fn read_json(
     store: &dyn Store,
-    hash: &store::BlobHash,
+    hash: &poimen_store::BlobHash,
 ) -> Result<Option<Value>, ShadowError> {
     match store.blob(hash).await? {
         Some(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
@@ -648,7 +642,7 @@ fn weighted(scores: &[CriterionScore], pick: impl Fn(&CriterionScore) -> f64) ->
 /// when there is no output or the verifier could not score.
 async fn score(
     bench: &Bench<'_>,
-    c: &workflow::Criterion,
+    c: &poimen_workflow::Criterion,
     input: &Value,
     output: Option<&Value>,
 ) -> (f64, Option<String>) {
@@ -657,7 +651,7 @@ async fn score(
     };
     let inv = bench
         .sandbox
-        .invoke_verifier(sandbox::VerifierCall::new(
+        .invoke_verifier(poimen_sandbox::VerifierRequest::new(
             c.verifier.clone(),
             input.clone(),
             output.clone(),
@@ -699,7 +693,7 @@ fn recorded_judgments(episodes: &[Episode]) -> HashMap<String, Value> {
 }
 
 fn usage(ep: &Episode) -> UsageCounts {
-    match executor::refold(ep) {
+    match poimen_executor::refold(ep) {
         Ok(state) => UsageCounts {
             tokens: state.spent.tokens,
             tool_calls: state.spent.tool_calls,
@@ -827,7 +821,7 @@ pub fn episode_diff(baseline: &Episode, candidate: &Episode) -> Vec<StepDiff> {
 
 fn aggregate(
     runs: &[RunComparison],
-    rubric: &workflow::RubricDef,
+    rubric: &poimen_workflow::RubricDef,
     baseline: WorkflowVersion,
     candidate: WorkflowVersion,
 ) -> Aggregate {
@@ -881,9 +875,9 @@ fn aggregate(
         .collect();
     Aggregate {
         runs: n,
-        wins: runs.iter().filter(|r| r.verdict == Verdict::Win).count(),
-        ties: runs.iter().filter(|r| r.verdict == Verdict::Tie).count(),
-        losses: runs.iter().filter(|r| r.verdict == Verdict::Loss).count(),
+        wins: runs.iter().filter(|r| r.verdict == Ranking::Win).count(),
+        ties: runs.iter().filter(|r| r.verdict == Ranking::Tie).count(),
+        losses: runs.iter().filter(|r| r.verdict == Ranking::Loss).count(),
         outputs_equal: runs.iter().filter(|r| r.output_equal).count(),
         mean_delta,
         ci95: (at(0.025), at(0.975)),
@@ -971,7 +965,7 @@ impl ModelProvider for ReplayModels {
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, Failure> {
-        let hash = store::BlobHash::of(request.prompt.as_bytes()).to_string();
+        let hash = poimen_store::BlobHash::of(request.prompt.as_bytes()).to_string();
         if self.mode != ModelMode::Live
             && let Some(r) = self.recorded.get(&hash)
         {
@@ -1195,7 +1189,7 @@ pub fn render_html(r: &ShadowReport) -> String {
     let worst: Vec<&RunComparison> = r
         .runs
         .iter()
-        .filter(|x| x.verdict == Verdict::Loss || !x.output_equal)
+        .filter(|x| x.verdict == Ranking::Loss || !x.output_equal)
         .take(10)
         .collect();
     if worst.is_empty() {
@@ -1204,7 +1198,7 @@ pub fn render_html(r: &ShadowReport) -> String {
     for x in worst {
         h.push_str(&format!(
             "<h3 class=\"{}\">{} — {:?}, delta {:+.3}</h3><p>baseline {:?}, candidate {:?}</p><h4>Output diff (RFC 6902)</h4><pre>{}</pre><h4>Episode diff</h4><pre>{}</pre>",
-            if x.verdict == Verdict::Loss { "loss" } else { "win" },
+            if x.verdict == Ranking::Loss { "loss" } else { "win" },
             esc(&x.run),
             x.verdict,
             x.delta,

@@ -6,21 +6,21 @@
 //! component changed on disk is refused instead of silently run.
 
 use async_trait::async_trait;
-use executor::{
+use poimen_executor::{
     Failure, FailureClass, ToolCall, ToolHost, ToolIdentity, ToolResult, Verdict, VerifierCall,
     VerifierResult,
 };
-use sandbox::{InvokeError, ToolError};
-use workflow::{EffectClass, ToolRef, ToolRegistry, Unresolved, VerifierRegistry};
+use poimen_sandbox::{InvokeError, ToolError};
+use poimen_workflow::{EffectClass, ToolRef, ToolRegistry, Unresolved, VerifierRegistry};
 
-/// Tools and verifiers run by a [`sandbox::Host`].
+/// Tools and verifiers run by a [`poimen_sandbox::PluginHost`].
 #[derive(Debug, Clone)]
 pub struct SandboxTools {
-    pub host: sandbox::Host,
+    pub host: poimen_sandbox::PluginHost,
 }
 
 impl SandboxTools {
-    pub fn new(host: sandbox::Host) -> Self {
+    pub fn new(host: poimen_sandbox::PluginHost) -> Self {
         SandboxTools { host }
     }
 }
@@ -112,9 +112,10 @@ impl ToolHost for SandboxTools {
     }
 
     async fn invoke(&self, call: ToolCall) -> ToolResult {
-        let request = sandbox::ToolCall::new(exact(&call.tool), call.args, call.idempotency_key)
-            .pinned(call.tool.digest.clone())
-            .timeout(call.timeout);
+        let request =
+            poimen_sandbox::ToolRequest::new(exact(&call.tool), call.args, call.idempotency_key)
+                .pinned(call.tool.digest.clone())
+                .timeout(call.timeout);
         let inv = self.host.invoke_tool(request).await;
         let capabilities = inv
             .record
@@ -124,14 +125,18 @@ impl ToolHost for SandboxTools {
             .collect();
         ToolResult {
             outcome: inv.outcome.map_err(failure),
-            record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
+            record: inv.record.to_json(),
             capabilities,
         }
     }
 
     async fn verify(&self, call: VerifierCall) -> VerifierResult {
-        let mut request =
-            sandbox::VerifierCall::new(exact(&call.verifier), call.input, call.output, call.config);
+        let mut request = poimen_sandbox::VerifierRequest::new(
+            exact(&call.verifier),
+            call.input,
+            call.output,
+            call.config,
+        );
         request.expected_digest = Some(call.verifier.digest.clone());
         request.timeout = Some(call.timeout);
         let inv = self.host.invoke_verifier(request).await;
@@ -144,7 +149,7 @@ impl ToolHost for SandboxTools {
                     reason: v.reason,
                 })
                 .map_err(failure),
-            record: serde_json::to_value(&inv.record).unwrap_or(serde_json::Value::Null),
+            record: inv.record.to_json(),
         }
     }
 }

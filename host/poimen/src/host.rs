@@ -10,27 +10,26 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use executor::{
-    Executor, ExecutorConfig, JudgmentSubmission, ModelProvider, Reconciliation, StartOptions,
-    SystemClock,
+use poimen_executor::{
+    JudgmentSubmission, ModelProvider, Reconciliation, StartOptions, SystemClock,
 };
-use serde::Serialize;
-use serde_json::Value;
-use store::{
+use poimen_store::{
     JudgmentRecord, MemoryStore, RunId, RunRecord, SqliteStore, Store, StoreError, VersionRecord,
     WorkflowSummary,
 };
-use workflow::{
+use poimen_workflow::{
     EligibilityReport, Format, StepId, StepKind, Validated, ValidationError, VersionPrefix,
     WorkflowDef, WorkflowId, WorkflowVersion,
 };
+use serde::Serialize;
+use serde_json::Value;
 
-use crate::armory::{CheckError, StoreArmory, check};
-use crate::tools::SandboxTools;
+use crate::loader::{CheckError, check};
+use crate::wiring::Wiring;
 
-pub use executor::model::{EffortMode, OpenAiConfig, Rule};
-pub use executor::{Episode, RunOutcome};
-pub use store::RunStatus;
+pub use poimen_executor::model::{EffortMode, OpenAiConfig, Rule};
+pub use poimen_executor::{Episode, RunOutcome};
+pub use poimen_store::RunStatus;
 
 /// Largest workflow file read from disk (the front end has its own bound too).
 pub const MAX_WORKFLOW_FILE_BYTES: u64 = 16 * 1024 * 1024;
@@ -56,7 +55,7 @@ pub enum Error {
     )]
     UnknownFormat { path: PathBuf },
     #[error(transparent)]
-    Parse(#[from] workflow::ParseError),
+    Parse(#[from] poimen_workflow::ParseError),
     #[error("workflow `{workflow}` is invalid: {} problem(s); {}", .errors.len(), first(.errors))]
     Invalid {
         workflow: String,
@@ -75,18 +74,22 @@ pub enum Error {
     #[error("the store failed: {0}")]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Exec(#[from] executor::ExecError),
+    Start(#[from] poimen_executor::StartError),
+    #[error(transparent)]
+    Run(#[from] poimen_executor::RunError),
+    #[error(transparent)]
+    Operator(#[from] poimen_executor::OperatorError),
+    #[error(transparent)]
+    Judgment(#[from] poimen_executor::JudgmentError),
     #[error("the plugin host could not start: {0}")]
-    Sandbox(#[from] sandbox::BuildError),
+    Sandbox(#[from] poimen_sandbox::BuildError),
     #[error("plugin: {0}")]
-    Plugin(#[from] sandbox::LoadError),
+    Plugin(#[from] poimen_sandbox::LoadError),
     #[error("stored version {version} cannot be read back: {detail}")]
     Unreadable {
         version: WorkflowVersion,
         detail: String,
     },
-    #[error("the MCP connection failed: {0}")]
-    Mcp(String),
     #[error(transparent)]
     Shadow(#[from] crate::shadow::ShadowError),
 }
@@ -215,7 +218,7 @@ impl HostBuilder {
         // A plugin whose declared capabilities the policy does not grant is
         // withheld, not fatal: the host starts, `plugin list` shows why, and a
         // workflow that uses it is rejected at load naming the capability.
-        let mut sb = sandbox::Host::builder().withhold_ungranted(true);
+        let mut sb = poimen_sandbox::PluginHost::builder().withhold_ungranted(true);
         if let Some(dir) = &self.cache_dir {
             sb = sb.cache_dir(dir.clone());
         } else if let StoreChoice::Sqlite(path) = &self.store
@@ -237,40 +240,43 @@ impl HostBuilder {
         let sandbox = sb.build().await?;
         let models: Arc<dyn ModelProvider> = match self.model {
             ModelChoice::None => Arc::new(crate::NoModel),
-            ModelChoice::Scripted(rules) => Arc::new(executor::model::ScriptedProvider::new(rules)),
-            ModelChoice::OpenAi(cfg) => Arc::new(executor::model::OpenAiCompatible::new(cfg)),
+            ModelChoice::Scripted(rules) => {
+                Arc::new(poimen_executor::model::ScriptedProvider::new(rules))
+            }
+            ModelChoice::OpenAi(cfg) => {
+                Arc::new(poimen_executor::model::OpenAiCompatible::new(cfg))
+            }
         };
-        let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
-        let executor = Executor::new(
-            store.clone(),
-            Arc::new(SandboxTools {
-                host: sandbox.clone(),
-            }),
+        let wiring = Wiring::new(
+            store,
+            sandbox,
             models.clone(),
             Arc::new(SystemClock),
-            armory.clone(),
-            ExecutorConfig {
-                host_id: self.host_id.clone(),
-            },
+            self.host_id.clone(),
         );
         Ok(Host {
-            inner: Arc::new(Inner {
-                store,
-                sandbox,
-                executor,
-                armory,
-                models,
-            }),
+            inner: Arc::new(Inner { wiring, models }),
         })
     }
 }
 
 struct Inner {
-    store: Arc<dyn Store>,
-    sandbox: sandbox::Host,
-    executor: Executor,
-    armory: Arc<StoreArmory>,
+    wiring: Wiring,
     models: Arc<dyn ModelProvider>,
+}
+
+impl Inner {
+    fn store(&self) -> &Arc<dyn Store> {
+        &self.wiring.store
+    }
+
+    fn sandbox(&self) -> &poimen_sandbox::PluginHost {
+        &self.wiring.sandbox
+    }
+
+    fn executor(&self) -> &poimen_executor::Executor {
+        &self.wiring.executor
+    }
 }
 
 /// The poimen host.
@@ -339,9 +345,9 @@ pub struct PlannedStep {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<StepId>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<workflow::ToolInfo>,
+    pub tool: Option<poimen_workflow::ToolInfo>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub verifiers: Vec<workflow::ToolInfo>,
+    pub verifiers: Vec<poimen_workflow::ToolInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sub_workflow: Option<WorkflowVersion>,
     pub max_attempts: u32,
@@ -365,7 +371,7 @@ pub struct Plan {
 #[derive(Debug, Clone, Serialize)]
 pub struct Audit {
     pub run: RunRecord,
-    pub intents: Vec<store::IntentRecord>,
+    pub intents: Vec<poimen_store::IntentRecord>,
     /// The `tool_called` events, with their hostcall records.
     pub tool_calls: Vec<Value>,
     /// Verifier verdicts, with their hostcall records.
@@ -388,7 +394,7 @@ impl Host {
 
     /// Validates a definition against this host's registries and store.
     pub async fn validate(&self, def: &WorkflowDef) -> Result<Validated, Error> {
-        check(&*self.inner.store, &self.inner.sandbox, def)
+        check(&**self.inner.store(), self.inner.sandbox(), def)
             .await
             .map_err(|e| match Error::from(e) {
                 Error::Invalid { errors, .. } => Error::Invalid {
@@ -422,23 +428,23 @@ impl Host {
         let def = v.def();
         let out = self
             .inner
-            .store
-            .publish_version(store::NewVersion::of(
+            .store()
+            .publish_version(poimen_store::NewVersion::of(
                 def.id.clone(),
-                workflow::canonical_bytes(def),
+                poimen_workflow::canonical_bytes(def),
                 parent,
                 now_ms(),
             ))
             .await?;
         Ok(match out {
-            store::PublishOutcome::Created(r) => Published {
+            poimen_store::PublishOutcome::Created(r) => Published {
                 workflow: r.workflow_id,
                 version: r.version,
                 parent: r.parent,
                 created: true,
                 ignored_parent: None,
             },
-            store::PublishOutcome::Existing {
+            poimen_store::PublishOutcome::Existing {
                 record,
                 ignored_parent,
             } => Published {
@@ -457,8 +463,8 @@ impl Host {
         if let Some(id) = text.strip_suffix("@latest") {
             return match self
                 .inner
-                .store
-                .latest_version(&workflow::WorkflowId::from(id))
+                .store()
+                .latest_version(&poimen_workflow::WorkflowId::from(id))
                 .await?
             {
                 Some(record) => Ok(record.version),
@@ -473,7 +479,7 @@ impl Host {
             given: text.to_owned(),
             detail: e.to_string(),
         })?;
-        match self.inner.store.resolve_version_prefix(&prefix).await {
+        match self.inner.store().resolve_version_prefix(&prefix).await {
             Ok(v) => Ok(v),
             Err(StoreError::NotFound { .. }) => Err(Error::NotFound {
                 what: "version",
@@ -489,7 +495,7 @@ impl Host {
         let v = self.resolve_version(text).await?;
         let record = self
             .inner
-            .store
+            .store()
             .version(&v)
             .await?
             .ok_or_else(|| Error::NotFound {
@@ -497,10 +503,11 @@ impl Host {
                 given: text.to_owned(),
                 hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
             })?;
-        let def = workflow::from_canonical(&record.canonical).map_err(|e| Error::Unreadable {
-            version: v,
-            detail: e.to_string(),
-        })?;
+        let def =
+            poimen_workflow::from_canonical(&record.canonical).map_err(|e| Error::Unreadable {
+                version: v,
+                detail: e.to_string(),
+            })?;
         Ok((record, def))
     }
 
@@ -508,20 +515,22 @@ impl Host {
     pub async fn versions(&self, workflow: &str) -> Result<Vec<VersionRecord>, Error> {
         let list = self
             .inner
-            .store
+            .store()
             .versions_of(&WorkflowId::from(workflow))
             .await?;
         if list.is_empty() {
             let known: Vec<String> = self
                 .inner
-                .store
+                .store()
                 .workflows()
                 .await?
                 .into_iter()
                 .map(|w| w.workflow_id.to_string())
                 .collect();
-            let nearest =
-                workflow::registry::nearest_names(workflow, known.iter().map(String::as_str));
+            let nearest = poimen_workflow::registry::nearest_names(
+                workflow,
+                known.iter().map(String::as_str),
+            );
             return Err(Error::NotFound {
                 what: "workflow",
                 given: workflow.to_owned(),
@@ -537,7 +546,7 @@ impl Host {
 
     /// Every published workflow.
     pub async fn workflows(&self) -> Result<Vec<WorkflowSummary>, Error> {
-        Ok(self.inner.store.workflows().await?)
+        Ok(self.inner.store().workflows().await?)
     }
 
     /// Loads, validates and arms a target: a file is validated and
@@ -575,12 +584,12 @@ impl Host {
         idempotency_key: Option<String>,
     ) -> Result<RunOutcome, Error> {
         let v = self.arm(target).await?;
-        let armed = self.inner.armory.arm_validated(v);
+        let runnable = self.inner.wiring.loader.runnable(v);
         let opts = StartOptions {
             idempotency_key,
             ..StartOptions::default()
         };
-        Ok(self.inner.executor.run(armed, input, opts).await?)
+        Ok(self.inner.executor().run(runnable, input, opts).await?)
     }
 
     /// Starts a run and returns its id without waiting for it (the run is
@@ -592,13 +601,13 @@ impl Host {
         idempotency_key: Option<String>,
     ) -> Result<RunId, Error> {
         let v = self.arm(target).await?;
-        let armed = self.inner.armory.arm_validated(v);
+        let runnable = self.inner.wiring.loader.runnable(v);
         let opts = StartOptions {
             idempotency_key,
             ..StartOptions::default()
         };
-        let started = self.inner.executor.start(armed, input, opts).await?;
-        let exec = self.inner.executor.clone();
+        let started = self.inner.executor().start(runnable, input, opts).await?;
+        let exec = self.inner.executor().clone();
         let run = started.run.clone();
         tokio::spawn(async move {
             if let Err(e) = exec.resume(&run).await {
@@ -617,10 +626,10 @@ impl Host {
     }
 
     /// A run's record and its state refolded from the episode.
-    pub async fn status(&self, run: &str) -> Result<(RunRecord, executor::RunState), Error> {
+    pub async fn status(&self, run: &str) -> Result<(RunRecord, poimen_executor::RunState), Error> {
         let id = self.run_id(run)?;
-        let rec = self.inner.executor.status(&id).await?;
-        let state = self.inner.executor.state(&id).await?;
+        let rec = self.inner.executor().status(&id).await?;
+        let state = self.inner.executor().state(&id).await?;
         Ok((rec, state))
     }
 
@@ -628,8 +637,8 @@ impl Host {
     pub async fn runs(&self, limit: u32) -> Result<Vec<RunRecord>, Error> {
         Ok(self
             .inner
-            .store
-            .list_runs(store::RunFilter {
+            .store()
+            .list_runs(poimen_store::RunFilter {
                 limit: Some(limit),
                 ..Default::default()
             })
@@ -639,29 +648,30 @@ impl Host {
     /// A run's episode.
     pub async fn episode(&self, run: &str) -> Result<Episode, Error> {
         let id = self.run_id(run)?;
-        Ok(self.inner.executor.episode(&id).await?)
+        Ok(self.inner.executor().episode(&id).await?)
     }
 
     /// A run's intents, tool calls and verdicts with their hostcall records.
     pub async fn audit(&self, run: &str) -> Result<Audit, Error> {
         let id = self.run_id(run)?;
-        let rec = self.inner.executor.status(&id).await?;
-        let intents = self.inner.executor.intents(&id).await?;
-        let episode = self.inner.executor.episode(&id).await?;
+        let rec = self.inner.executor().status(&id).await?;
+        let intents = self.inner.executor().intents(&id).await?;
+        let episode = self.inner.executor().episode(&id).await?;
         let mut tool_calls = Vec::new();
         let mut verdicts = Vec::new();
         for r in &episode.events {
             match &r.event {
-                e @ executor::EpisodeEvent::ToolCalled { .. } => {
+                e @ poimen_executor::EpisodeEvent::ToolCalled { .. } => {
                     tool_calls.push(serde_json::to_value(e).unwrap_or(Value::Null));
                 }
-                e @ executor::EpisodeEvent::Verified { .. } => {
+                e @ poimen_executor::EpisodeEvent::Verified { .. } => {
                     verdicts.push(serde_json::to_value(e).unwrap_or(Value::Null));
                 }
                 _ => {}
             }
         }
-        let mut phases: BTreeMap<(String, u32, u32), Vec<store::IntentPhase>> = BTreeMap::new();
+        let mut phases: BTreeMap<(String, u32, u32), Vec<poimen_store::IntentPhase>> =
+            BTreeMap::new();
         for i in &intents {
             phases
                 .entry((i.step.to_string(), i.iteration, i.attempt))
@@ -671,7 +681,7 @@ impl Host {
         let incomplete = phases
             .iter()
             .filter(|(_, ps)| {
-                use store::IntentPhase::*;
+                use poimen_store::IntentPhase::*;
                 let reconciled = ps.first() == Some(&Committed) || ps.first() == Some(&Failed);
                 !(reconciled
                     || (ps.contains(&Pending)
@@ -697,10 +707,10 @@ impl Host {
         })
     }
 
-    /// Drives a stopped run again (see [`executor::Executor::resume`]).
+    /// Drives a stopped run again (see [`poimen_executor::Executor::resume`]).
     pub async fn resume(&self, run: &str) -> Result<RunOutcome, Error> {
         let id = self.run_id(run)?;
-        Ok(self.inner.executor.resume(&id).await?)
+        Ok(self.inner.executor().resume(&id).await?)
     }
 
     /// Cancels a run.
@@ -708,7 +718,7 @@ impl Host {
         let id = self.run_id(run)?;
         Ok(self
             .inner
-            .executor
+            .executor()
             .cancel(&id, "cancelled by an operator")
             .await?)
     }
@@ -718,7 +728,7 @@ impl Host {
         let id = self.run_id(run)?;
         Ok(self
             .inner
-            .executor
+            .executor()
             .retry(&id, from.map(StepId::from))
             .await?)
     }
@@ -733,19 +743,19 @@ impl Host {
         let id = self.run_id(run)?;
         Ok(self
             .inner
-            .executor
+            .executor()
             .reconcile(&id, &StepId::from(step), decision)
             .await?)
     }
 
     /// Open judgment requests.
     pub async fn judgments(&self) -> Result<Vec<JudgmentRecord>, Error> {
-        Ok(self.inner.executor.open_judgments().await?)
+        Ok(self.inner.executor().open_judgments().await?)
     }
 
     /// One judgment request.
     pub async fn judgment(&self, id: &str) -> Result<JudgmentRecord, Error> {
-        Ok(self.inner.executor.judgment(id).await?)
+        Ok(self.inner.executor().judgment(id).await?)
     }
 
     /// Submits a judge's answer.
@@ -754,28 +764,36 @@ impl Host {
         id: &str,
         submission: JudgmentSubmission,
     ) -> Result<RunOutcome, Error> {
-        Ok(self.inner.executor.submit_judgment(id, submission).await?)
+        Ok(self
+            .inner
+            .executor()
+            .submit_judgment(id, submission)
+            .await?)
     }
 
     /// Drives every run this host left in flight.
     pub async fn recover(&self) -> Result<Vec<RunOutcome>, Error> {
-        Ok(self.inner.executor.recover().await?)
+        Ok(self.inner.executor().recover().await?)
     }
 
     /// Invokes one tool directly through the sandbox (`poimen plugin call`):
     /// the output and the hostcall record, or the error and the record.
     pub async fn call_tool(
         &self,
-        tool: workflow::ToolRef,
+        tool: poimen_workflow::ToolRef,
         args: Value,
         idempotency_key: String,
     ) -> Result<(Value, Value), (String, Value)> {
         let inv = self
             .inner
-            .sandbox
-            .invoke_tool(sandbox::ToolCall::new(tool, args, idempotency_key))
+            .sandbox()
+            .invoke_tool(poimen_sandbox::ToolRequest::new(
+                tool,
+                args,
+                idempotency_key,
+            ))
             .await;
-        let record = serde_json::to_value(&inv.record).unwrap_or(Value::Null);
+        let record = inv.record.to_json();
         match inv.outcome {
             Ok(v) => Ok((v, record)),
             Err(e) => Err((e.to_string(), record)),
@@ -802,40 +820,43 @@ impl Host {
         let (_, baseline_def) = self.version(baseline).await?;
         let baseline = self.validate(&baseline_def).await?;
         let bench = crate::shadow::Bench {
-            live: self.inner.store.clone(),
-            sandbox: self.inner.sandbox.clone(),
+            live: self.inner.store().clone(),
+            sandbox: self.inner.sandbox().clone(),
             models: self.inner.models.clone(),
-            live_executor: &self.inner.executor,
+            live_executor: self.inner.executor(),
         };
         Ok(crate::shadow::evaluate(bench, &baseline, &candidate, opts).await?)
     }
 
     /// Registered tools.
-    pub fn tools(&self) -> Vec<sandbox::Entry> {
-        self.inner.sandbox.tools().list()
+    pub fn tools(&self) -> Vec<poimen_sandbox::Entry> {
+        self.inner.sandbox().tools().list()
     }
 
     /// Registered verifiers.
-    pub fn verifiers(&self) -> Vec<sandbox::Entry> {
-        self.inner.sandbox.verifiers().list()
+    pub fn verifiers(&self) -> Vec<poimen_sandbox::Entry> {
+        self.inner.sandbox().verifiers().list()
     }
 
     /// Installed plugins withheld because the policy does not grant a
     /// capability they declare, each with the reason and how to grant it.
-    pub fn withheld_plugins(&self) -> Vec<sandbox::WithheldEntry> {
-        self.inner.sandbox.withheld()
+    pub fn withheld_plugins(&self) -> Vec<poimen_sandbox::WithheldEntry> {
+        self.inner.sandbox().withheld()
     }
 
     /// What a component says and imports, without registering it.
-    pub async fn inspect_plugin(&self, bytes: Vec<u8>) -> Result<sandbox::Inspection, Error> {
-        Ok(self.inner.sandbox.inspect(bytes).await?)
+    pub async fn inspect_plugin(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<poimen_sandbox::Inspection, Error> {
+        Ok(self.inner.sandbox().inspect(bytes).await?)
     }
 
     /// Published workflows that declare `tool:` (exposed to MCP clients),
     /// with their latest definitions.
     pub async fn workflow_tools(&self) -> Result<Vec<(WorkflowVersion, WorkflowDef)>, Error> {
         let mut out = Vec::new();
-        for w in self.inner.store.workflows().await? {
+        for w in self.inner.store().workflows().await? {
             let (_, def) = self.version(&w.latest.to_string()).await?;
             if def.tool.is_some() {
                 out.push((w.latest, def));
@@ -866,8 +887,8 @@ pub fn load_file(path: &Path) -> Result<Loaded, Error> {
         path: path.to_owned(),
         source,
     })?;
-    let def = workflow::parse(&bytes, format, &path.to_string_lossy())?;
-    let version = workflow::version_of(&def);
+    let def = poimen_workflow::parse(&bytes, format, &path.to_string_lossy())?;
+    let version = poimen_workflow::version_of(&def);
     Ok(Loaded {
         path: path.to_owned(),
         def,
@@ -875,43 +896,26 @@ pub fn load_file(path: &Path) -> Result<Loaded, Error> {
     })
 }
 
+/// The plan of a validated workflow: its shape (as the validator computed
+/// it, the order the executor runs) with each step's resolved actions.
 fn plan_of(v: &Validated) -> Plan {
     let def = v.def();
-    let mut owner: BTreeMap<StepId, StepId> = BTreeMap::new();
-    for s in &def.steps {
-        match &s.kind {
-            StepKind::Parallel(p) => {
-                for b in &p.branches {
-                    owner.insert(b.clone(), s.id.clone());
-                }
-            }
-            StepKind::Conditional(c) => {
-                owner.insert(c.then.clone(), s.id.clone());
-                if let Some(o) = &c.otherwise {
-                    owner.insert(o.clone(), s.id.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-    let planned = |id: &StepId| -> Option<PlannedStep> {
-        let s = def.step(id.as_str())?;
-        let runs = match &s.kind {
-            StepKind::Parallel(p) => p.branches.clone(),
-            StepKind::Conditional(c) => std::iter::once(c.then.clone())
-                .chain(c.otherwise.clone())
-                .collect(),
-            _ => Vec::new(),
-        };
+    let shape = v.shape();
+    let planned = |i: usize| -> PlannedStep {
+        let s = &def.steps[i];
         let tool = match &s.kind {
             StepKind::Tool(t) => v.tool(&t.tool).cloned(),
             _ => None,
         };
-        Some(PlannedStep {
+        PlannedStep {
             id: s.id.clone(),
             kind: s.kind.name(),
-            owner: owner.get(&s.id).cloned(),
-            runs,
+            owner: shape.owner(i).map(|o| shape.id(o).clone()),
+            runs: shape
+                .owned(i)
+                .iter()
+                .map(|&o| shape.id(o).clone())
+                .collect(),
             tool,
             verifiers: s
                 .verify
@@ -921,31 +925,18 @@ fn plan_of(v: &Validated) -> Plan {
             sub_workflow: v.sub_workflow(&s.id).map(|c| c.version()),
             max_attempts: s.retry.max_attempts,
             timeout_ms: s.effective_timeout().0,
-        })
+        }
     };
     let mut steps = Vec::new();
-    fn push_owned(
-        id: &StepId,
-        steps: &mut Vec<PlannedStep>,
-        planned: &dyn Fn(&StepId) -> Option<PlannedStep>,
-        depth: usize,
-    ) {
-        let Some(p) = planned(id) else { return };
-        let runs = p.runs.clone();
-        steps.push(p);
-        if depth < 64 {
-            for r in &runs {
-                push_owned(r, steps, planned, depth + 1);
-            }
-        }
+    for &top in shape.order() {
+        steps.push(planned(top));
+        // Each step is followed by the steps it owns, depth first.
+        steps.extend(shape.owned_closure(top).into_iter().map(planned));
     }
-    for id in def.topo_order() {
-        push_owned(id, &mut steps, &planned, 0);
-    }
-    let loops = def
-        .transitions
-        .iter()
-        .filter_map(|t| {
+    let loops = shape
+        .back_edges()
+        .filter_map(|b| {
+            let t = &def.transitions[b.transition];
             t.max_iterations
                 .map(|m| (t.from.clone(), t.to.clone(), m.get()))
         })

@@ -6,7 +6,8 @@
 //! Everything runs for real: the sandbox with the first-party plugins (and
 //! the adversarial `spin` component where a branch must hang), a SQLite
 //! store in a temporary directory, the deterministic scripted model.
-//! `cargo test -p executor interpreter` runs them. Set `POIMEN_BLESS=1` to
+//! `cargo test -p poimen interpreter` runs them (they live with the wiring
+//! of the real parts; the executor's own tests run it on scripted parts). Set `POIMEN_BLESS=1` to
 //! rewrite the golden episode after a deliberate change.
 
 use std::collections::BTreeMap;
@@ -14,25 +15,24 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use executor::episode::{CallOutcome, EpisodeEvent};
-use executor::model::{Rule, ScriptedProvider};
-use executor::{
-    Episode, Executor, ExecutorConfig, RunOutcome, StartOptions, StepStatus, SystemClock,
-    assert_refold_identical, normalize, structure,
+use poimen::wiring::Wiring;
+use poimen_executor::episode::{CallOutcome, EpisodeEvent};
+use poimen_executor::model::{Rule, ScriptedProvider};
+use poimen_executor::{
+    Episode, Executor, RunOutcome, StartOptions, StepStatus, SystemClock, assert_refold_identical,
+    normalize, structure,
 };
-use poimen::armory::StoreArmory;
-use poimen::tools::SandboxTools;
+use poimen_store::{IntentPhase, RunStatus, SqliteStore, Store};
+use poimen_workflow::*;
 use serde_json::{Value, json};
-use store::{IntentPhase, RunStatus, SqliteStore, Store};
-use workflow::*;
 
 // ---------------------------------------------------------------- harness
 
 struct Harness {
     _dir: tempfile::TempDir,
     store: Arc<dyn Store>,
-    sandbox: sandbox::Host,
-    armory: Arc<StoreArmory>,
+    sandbox: poimen_sandbox::PluginHost,
+    wiring: Wiring,
     exec: Executor,
 }
 
@@ -44,7 +44,7 @@ fn fixture(rel: &str) -> WorkflowDef {
     let path = repo().join("fixtures").join(rel);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let format = Format::from_path(&path.to_string_lossy()).expect("known extension");
-    workflow::parse(&bytes, format, rel).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    poimen_workflow::parse(&bytes, format, rel).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 async fn harness(rules: Vec<Rule>) -> Harness {
@@ -68,45 +68,43 @@ async fn harness(rules: Vec<Rule>) -> Harness {
 async fn harness_on(
     dir: tempfile::TempDir,
     store: Arc<dyn Store>,
-    models: Arc<dyn executor::ModelProvider>,
+    models: Arc<dyn poimen_executor::ModelProvider>,
     patch: impl Fn(&str, &[u8]) -> Vec<u8>,
 ) -> Harness {
     // Compiled components are keyed by digest and engine settings: one cache
     // for every test saves compiling the plugins again in each.
     let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-test-cache");
-    let mut b = sandbox::Host::builder().cache_dir(cache);
+    let mut b = poimen_sandbox::PluginHost::builder().cache_dir(cache);
     for p in plugin_artifacts::BUNDLED {
         b = b.component_bytes(format!("bundled:{}", p.ident), patch(p.ident, p.bytes));
     }
     let spin = std::fs::read(plugin_artifacts::ADV_SPIN).expect("spin component");
     b = b.component_bytes("adv:spin", spin);
     let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
-    let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
-    let exec = Executor::new(
+    let wiring = Wiring::new(
         store.clone(),
-        Arc::new(SandboxTools::new(sandbox.clone())),
+        sandbox.clone(),
         models,
         Arc::new(SystemClock),
-        armory.clone(),
-        ExecutorConfig::default(),
+        "local",
     );
     Harness {
         _dir: dir,
         store,
         sandbox,
-        armory,
-        exec,
+        exec: wiring.executor.clone(),
+        wiring,
     }
 }
 
 impl Harness {
     /// Validates and publishes a workflow; returns it armed.
-    async fn publish(&self, def: &WorkflowDef) -> Arc<executor::Armed> {
+    async fn publish(&self, def: &WorkflowDef) -> Arc<poimen_executor::Runnable> {
         let validated = poimen::check(&*self.store, &self.sandbox, def)
             .await
             .unwrap_or_else(|e| panic!("{} does not validate: {e:?}", def.id));
         self.store
-            .publish_version(store::NewVersion::of(
+            .publish_version(poimen_store::NewVersion::of(
                 def.id.clone(),
                 canonical_bytes(def),
                 None,
@@ -114,7 +112,7 @@ impl Harness {
             ))
             .await
             .expect("publish");
-        self.armory.arm_validated(validated)
+        self.wiring.loader.runnable(validated)
     }
 
     async fn run(&self, def: &WorkflowDef, input: Value) -> RunOutcome {
@@ -125,7 +123,7 @@ impl Harness {
             .expect("run")
     }
 
-    async fn episode(&self, run: &store::RunId) -> Episode {
+    async fn episode(&self, run: &poimen_store::RunId) -> Episode {
         self.exec.episode(run).await.expect("episode")
     }
 
@@ -142,7 +140,7 @@ impl Harness {
         // Child runs too.
         for child in self.store.children(&outcome.run).await.expect("children") {
             let ep = self.episode(&child.id).await;
-            executor::refold(&ep).expect("child episode folds");
+            poimen_executor::refold(&ep).expect("child episode folds");
             self.bypass_audit(&child.id, &ep).await;
             serialization_guard(&ep);
         }
@@ -152,7 +150,7 @@ impl Harness {
     /// Every tool call in the episode has its Pending, Dispatched and final
     /// intent records, and every intent belongs to a recorded call: a count
     /// mismatch means a direct call path exists.
-    async fn bypass_audit(&self, run: &store::RunId, episode: &Episode) {
+    async fn bypass_audit(&self, run: &poimen_store::RunId, episode: &Episode) {
         let intents = self.store.intents(run).await.expect("intents");
         let mut phases: BTreeMap<(String, u32, u32), Vec<IntentPhase>> = BTreeMap::new();
         for i in &intents {
@@ -390,7 +388,7 @@ async fn interpreter_model_step_renders_prompt_and_records_partition_and_blobs()
     // The context partition: exactly what the prompt read.
     assert_eq!(partition, vec!["inputs.text".to_owned()]);
     // Prompt and output are content-addressed blobs in the store.
-    let blob = |h: &str| h.parse::<store::BlobHash>().expect("blob hash");
+    let blob = |h: &str| h.parse::<poimen_store::BlobHash>().expect("blob hash");
     let p = h
         .store
         .blob(&blob(&prompt))
@@ -711,7 +709,7 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
         .expect("child linked");
     assert_eq!(child_version, version_of(&child));
     // The child points back at its parent.
-    let child_id = store::RunId::parse(&child_run).expect("run id");
+    let child_id = child_run;
     let rec = h
         .store
         .run(&child_id)
@@ -721,7 +719,7 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
     assert_eq!(rec.parent, Some((out.run.clone(), StepId::from("call"))));
     let cep = h.episode(&child_id).await;
     assert!(
-        matches!(&cep.events[0].event, EpisodeEvent::RunStarted { parent: Some(p), .. } if p.run == out.run.as_str())
+        matches!(&cep.events[0].event, EpisodeEvent::RunStarted { parent: Some(p), .. } if p.run == out.run)
     );
 
     // Past the kernel's bound: rejected at load, nothing executed.
@@ -739,7 +737,7 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
         };
         // Publish without validation (as a store filled by an older host might be).
         h.store
-            .publish_version(store::NewVersion::of(
+            .publish_version(poimen_store::NewVersion::of(
                 def.id.clone(),
                 canonical_bytes(&def),
                 None,
@@ -752,7 +750,7 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
     let top = prev.expect("top");
     let before = h
         .store
-        .list_runs(store::RunFilter::default())
+        .list_runs(poimen_store::RunFilter::default())
         .await
         .expect("runs")
         .len();
@@ -769,7 +767,7 @@ async fn interpreter_subworkflow_links_both_ways_and_depth_is_bounded() {
     }
     let after = h
         .store
-        .list_runs(store::RunFilter::default())
+        .list_runs(poimen_store::RunFilter::default())
         .await
         .expect("runs")
         .len();
@@ -800,7 +798,7 @@ async fn interpreter_judgment_pauses_and_resumes() {
     assert_eq!(j.request["question"], json!("Approve a refund for acme?"));
     assert_eq!(j.request["sources"][0]["text"], json!("account acme"));
     // A wrong hash is refused and the run stays waiting.
-    let bad = executor::JudgmentSubmission {
+    let bad = poimen_executor::JudgmentSubmission {
         request_hash: "b3:00".into(),
         result: json!({"approved": true}),
         executor: Some("human".into()),
@@ -809,13 +807,13 @@ async fn interpreter_judgment_pauses_and_resumes() {
     };
     assert!(matches!(
         h.exec.submit_judgment(j.id.as_str(), bad).await,
-        Err(executor::ExecError::RequestHashMismatch { .. })
+        Err(poimen_executor::JudgmentError::RequestHashMismatch { .. })
     ));
     assert_eq!(
         h.exec.status(&out.run).await.expect("status").status,
         RunStatus::WaitingJudgment
     );
-    let good = executor::JudgmentSubmission {
+    let good = poimen_executor::JudgmentSubmission {
         request_hash: j.request_hash.clone(),
         result: json!({"approved": true}),
         executor: Some("human".into()),
@@ -985,12 +983,15 @@ async fn interpreter_bad_input_is_refused_before_a_run_exists() {
         .await
         .expect_err("refused");
     assert!(
-        matches!(err, executor::ExecError::InvalidInput { .. }),
+        matches!(
+            err,
+            poimen_executor::RunError::Start(poimen_executor::StartError::InvalidInput { .. })
+        ),
         "{err}"
     );
     assert!(
         h.store
-            .list_runs(store::RunFilter::default())
+            .list_runs(poimen_store::RunFilter::default())
             .await
             .expect("runs")
             .is_empty()
@@ -1009,7 +1010,7 @@ fn model_workflow() -> WorkflowDef {
     ))
 }
 
-async fn harness_with_model(models: Arc<dyn executor::ModelProvider>) -> Harness {
+async fn harness_with_model(models: Arc<dyn poimen_executor::ModelProvider>) -> Harness {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(dir.path().join("poimen.db"))
@@ -1019,13 +1020,13 @@ async fn harness_with_model(models: Arc<dyn executor::ModelProvider>) -> Harness
     harness_on(dir, store, models, |_, b| b.to_vec()).await
 }
 
-fn openai_at(base_url: String) -> Arc<dyn executor::ModelProvider> {
-    Arc::new(executor::model::OpenAiCompatible::new(
-        executor::model::OpenAiConfig {
+fn openai_at(base_url: String) -> Arc<dyn poimen_executor::ModelProvider> {
+    Arc::new(poimen_executor::model::OpenAiCompatible::new(
+        poimen_executor::model::OpenAiConfig {
             base_url,
             model: "test-model".into(),
             api_key: None,
-            effort: executor::model::EffortMode::Omit,
+            effort: poimen_executor::model::EffortMode::Omit,
         },
     ))
 }
@@ -1168,7 +1169,7 @@ async fn soundness_component_changed_on_disk_fails_the_step_with_the_digests() {
         .exec
         .submit_judgment(
             request.id.as_str(),
-            executor::JudgmentSubmission {
+            poimen_executor::JudgmentSubmission {
                 request_hash: request.request_hash.clone(),
                 result: json!({"go": true}),
                 executor: None,
@@ -1213,9 +1214,9 @@ async fn soundness_store_full_stops_the_run_unfinished_and_recovery_completes_it
         json!({"op": "replace", "pattern": ".", "text": "{{ inputs.text }}", "replacement": "{{ inputs.pad }}"}),
     ));
     let input = json!({"text": "x".repeat(1000), "pad": "y".repeat(2000)});
-    let limited = store::SqliteOptions {
+    let limited = poimen_store::SqliteOptions {
         max_page_count: Some(150),
-        ..store::SqliteOptions::default()
+        ..poimen_store::SqliteOptions::default()
     };
     let run = {
         let store: Arc<dyn Store> =
@@ -1237,7 +1238,7 @@ async fn soundness_store_full_stops_the_run_unfinished_and_recovery_completes_it
         );
         // What was committed folds.
         let ep = h.episode(&out.run).await;
-        executor::refold(&ep).expect("the stored episode folds");
+        poimen_executor::refold(&ep).expect("the stored episode folds");
         out.run
     };
     // Room again: recovery re-dispatches the pure tool and finishes.
@@ -1283,7 +1284,7 @@ fn gated(on_overflow: Overflow, scope: ConcurrencyScope) -> WorkflowDef {
     def
 }
 
-async fn answer(h: &Harness, run: &store::RunId) -> RunOutcome {
+async fn answer(h: &Harness, run: &poimen_store::RunId) -> RunOutcome {
     let open = h.exec.open_judgments().await.expect("judgments");
     let j = open
         .iter()
@@ -1292,7 +1293,7 @@ async fn answer(h: &Harness, run: &store::RunId) -> RunOutcome {
     h.exec
         .submit_judgment(
             j.id.as_str(),
-            executor::JudgmentSubmission {
+            poimen_executor::JudgmentSubmission {
                 request_hash: j.request_hash.clone(),
                 result: json!({"go": true}),
                 executor: None,
@@ -1313,7 +1314,7 @@ async fn admission_drop_refuses_a_run_over_max_runs_naming_the_active_one() {
     let armed = h.publish(&def).await;
     let before = h
         .store
-        .list_runs(store::RunFilter::default())
+        .list_runs(poimen_store::RunFilter::default())
         .await
         .expect("runs")
         .len();
@@ -1326,17 +1327,19 @@ async fn admission_drop_refuses_a_run_over_max_runs_naming_the_active_one() {
         )
         .await
     {
-        Err(executor::ExecError::Overflow {
-            max_runs, active, ..
-        }) => {
+        Err(poimen_executor::RunError::Start(poimen_executor::StartError::Overflow {
+            max_runs,
+            active,
+            ..
+        })) => {
             assert_eq!(max_runs, 1);
-            assert_eq!(active, vec![first.run.to_string()]);
+            assert_eq!(active, vec![first.run.clone()]);
         }
         other => panic!("expected Overflow, got {other:?}"),
     }
     let after = h
         .store
-        .list_runs(store::RunFilter::default())
+        .list_runs(poimen_store::RunFilter::default())
         .await
         .expect("runs")
         .len();
@@ -1373,9 +1376,13 @@ async fn admission_key_scope_counts_only_runs_about_the_same_key() {
         .run(armed, json!({"account": "acme"}), StartOptions::default())
         .await
     {
-        Err(executor::ExecError::Overflow { key, active, .. }) => {
+        Err(poimen_executor::RunError::Start(poimen_executor::StartError::Overflow {
+            key,
+            active,
+            ..
+        })) => {
             assert_eq!(key.as_deref(), Some("acme"));
-            assert_eq!(active, vec![a.run.to_string()]);
+            assert_eq!(active, vec![a.run.clone()]);
         }
         other => panic!("expected Overflow, got {other:?}"),
     }
@@ -1413,9 +1420,9 @@ async fn admission_replace_cancels_the_oldest_and_queue_waits_for_a_slot() {
     assert!(!queued.is_finished(), "the second run waits for a slot");
     assert_eq!(
         h.store
-            .list_runs(store::RunFilter {
+            .list_runs(poimen_store::RunFilter {
                 workflow_id: Some(def.id.clone()),
-                ..store::RunFilter::default()
+                ..poimen_store::RunFilter::default()
             })
             .await
             .expect("runs")
@@ -1482,7 +1489,7 @@ async fn interpreter_tool_step_failing_before_its_call_still_records_its_attempt
 /// the steps they concern, intent phases.
 #[derive(Debug, Clone, PartialEq)]
 struct CommitShape {
-    durability: store::Durability,
+    durability: poimen_store::Durability,
     events: Vec<(String, Option<String>)>,
     intents: Vec<(String, IntentPhase)>,
 }
@@ -1498,59 +1505,71 @@ struct Noting {
 impl Store for Noting {
     async fn publish_version(
         &self,
-        new: store::NewVersion,
-    ) -> store::StoreResult<store::PublishOutcome> {
+        new: poimen_store::NewVersion,
+    ) -> poimen_store::StoreResult<poimen_store::PublishOutcome> {
         self.inner.publish_version(new).await
     }
     async fn version(
         &self,
         version: &WorkflowVersion,
-    ) -> store::StoreResult<Option<store::VersionRecord>> {
+    ) -> poimen_store::StoreResult<Option<poimen_store::VersionRecord>> {
         self.inner.version(version).await
     }
     async fn resolve_version_prefix(
         &self,
         prefix: &VersionPrefix,
-    ) -> store::StoreResult<WorkflowVersion> {
+    ) -> poimen_store::StoreResult<WorkflowVersion> {
         self.inner.resolve_version_prefix(prefix).await
     }
     async fn versions_of(
         &self,
         workflow: &WorkflowId,
-    ) -> store::StoreResult<Vec<store::VersionRecord>> {
+    ) -> poimen_store::StoreResult<Vec<poimen_store::VersionRecord>> {
         self.inner.versions_of(workflow).await
     }
     async fn latest_version(
         &self,
         workflow: &WorkflowId,
-    ) -> store::StoreResult<Option<store::VersionRecord>> {
+    ) -> poimen_store::StoreResult<Option<poimen_store::VersionRecord>> {
         self.inner.latest_version(workflow).await
     }
-    async fn workflows(&self) -> store::StoreResult<Vec<store::WorkflowSummary>> {
+    async fn workflows(&self) -> poimen_store::StoreResult<Vec<poimen_store::WorkflowSummary>> {
         self.inner.workflows().await
     }
-    async fn put_blob(&self, bytes: Vec<u8>) -> store::StoreResult<store::BlobHash> {
+    async fn put_blob(&self, bytes: Vec<u8>) -> poimen_store::StoreResult<poimen_store::BlobHash> {
         self.inner.put_blob(bytes).await
     }
-    async fn blob(&self, hash: &store::BlobHash) -> store::StoreResult<Option<Vec<u8>>> {
+    async fn blob(
+        &self,
+        hash: &poimen_store::BlobHash,
+    ) -> poimen_store::StoreResult<Option<Vec<u8>>> {
         self.inner.blob(hash).await
     }
-    async fn create_run(&self, new: store::NewRun) -> store::StoreResult<store::CreateRun> {
+    async fn create_run(
+        &self,
+        new: poimen_store::NewRun,
+    ) -> poimen_store::StoreResult<poimen_store::CreateRun> {
         self.inner.create_run(new).await
     }
-    async fn run(&self, id: &store::RunId) -> store::StoreResult<Option<store::RunRecord>> {
+    async fn run(
+        &self,
+        id: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::RunRecord>> {
         self.inner.run(id).await
     }
     async fn list_runs(
         &self,
-        filter: store::RunFilter,
-    ) -> store::StoreResult<Vec<store::RunRecord>> {
+        filter: poimen_store::RunFilter,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
         self.inner.list_runs(filter).await
     }
-    async fn children(&self, parent: &store::RunId) -> store::StoreResult<Vec<store::RunRecord>> {
+    async fn children(
+        &self,
+        parent: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
         self.inner.children(parent).await
     }
-    async fn commit(&self, commit: store::Commit) -> store::StoreResult<()> {
+    async fn commit(&self, commit: poimen_store::Commit) -> poimen_store::StoreResult<()> {
         let shape = CommitShape {
             durability: commit.durability,
             events: commit
@@ -1575,40 +1594,49 @@ impl Store for Noting {
         self.commits.lock().expect("commits").push(shape);
         Ok(())
     }
-    async fn events(&self, run: &store::RunId) -> store::StoreResult<Vec<store::StoredEvent>> {
+    async fn events(
+        &self,
+        run: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
         self.inner.events(run).await
     }
     async fn events_after(
         &self,
-        run: &store::RunId,
+        run: &poimen_store::RunId,
         seq: u64,
-    ) -> store::StoreResult<Vec<store::StoredEvent>> {
+    ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
         self.inner.events_after(run, seq).await
     }
-    async fn intents(&self, run: &store::RunId) -> store::StoreResult<Vec<store::IntentRecord>> {
+    async fn intents(
+        &self,
+        run: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::IntentRecord>> {
         self.inner.intents(run).await
     }
     async fn judgment(
         &self,
-        id: &store::JudgmentId,
-    ) -> store::StoreResult<Option<store::JudgmentRecord>> {
+        id: &poimen_store::JudgmentId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::JudgmentRecord>> {
         self.inner.judgment(id).await
     }
-    async fn open_judgments(&self) -> store::StoreResult<Vec<store::JudgmentRecord>> {
+    async fn open_judgments(&self) -> poimen_store::StoreResult<Vec<poimen_store::JudgmentRecord>> {
         self.inner.open_judgments().await
     }
     async fn claim_run(
         &self,
-        run: &store::RunId,
+        run: &poimen_store::RunId,
         owner: &str,
         now: i64,
-    ) -> store::StoreResult<bool> {
+    ) -> poimen_store::StoreResult<bool> {
         self.inner.claim_run(run, owner, now).await
     }
-    async fn runs_owned_by(&self, owner: &str) -> store::StoreResult<Vec<store::RunRecord>> {
+    async fn runs_owned_by(
+        &self,
+        owner: &str,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
         self.inner.runs_owned_by(owner).await
     }
-    async fn in_flight_runs(&self) -> store::StoreResult<Vec<store::RunRecord>> {
+    async fn in_flight_runs(&self) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
         self.inner.in_flight_runs().await
     }
 }
@@ -1651,7 +1679,7 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     h.checked(&out).await;
 
-    use store::Durability::{Buffered, Sync};
+    use poimen_store::Durability::{Buffered, Sync};
     let of = |id: &str| -> Vec<CommitShape> {
         noting
             .commits

@@ -25,14 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use executor::model::ScriptedProvider;
-use executor::{Executor, ExecutorConfig, StartOptions, SystemClock};
-use poimen::armory::StoreArmory;
-use poimen::tools::SandboxTools;
-use sandbox::ToolCall;
+use poimen::wiring::Wiring;
+use poimen_executor::model::ScriptedProvider;
+use poimen_executor::{Executor, StartOptions, SystemClock};
+use poimen_sandbox::ToolRequest;
+use poimen_store::{RunStatus, SqliteStore, Store};
+use poimen_workflow::{StepDef, ToolRef, WorkflowDef};
 use serde_json::json;
-use store::{RunStatus, SqliteStore, Store};
-use workflow::{StepDef, ToolRef, WorkflowDef};
 
 fn bench_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-bench");
@@ -68,9 +67,7 @@ fn chain(n: usize, durable: bool) -> WorkflowDef {
 }
 
 struct Bench {
-    sandbox: sandbox::Host,
-    armory: Arc<StoreArmory>,
-    store: Arc<dyn Store>,
+    wiring: Wiring,
     exec: Executor,
 }
 
@@ -80,25 +77,21 @@ async fn setup(dir: &std::path::Path) -> Bench {
             .await
             .expect("store"),
     );
-    let mut b = sandbox::Host::builder().cache_dir(dir.join("cache"));
+    let mut b = poimen_sandbox::PluginHost::builder().cache_dir(dir.join("cache"));
     for p in plugin_artifacts::BUNDLED {
         b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
     }
     let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
-    let armory = Arc::new(StoreArmory::new(store.clone(), sandbox.clone()));
-    let exec = Executor::new(
-        store.clone(),
-        Arc::new(SandboxTools::new(sandbox.clone())),
+    let wiring = Wiring::new(
+        store,
+        sandbox,
         Arc::new(ScriptedProvider::new(vec![])),
         Arc::new(SystemClock),
-        armory.clone(),
-        ExecutorConfig::default(),
+        "local",
     );
     Bench {
-        sandbox,
-        armory,
-        store,
-        exec,
+        exec: wiring.executor.clone(),
+        wiring,
     }
 }
 
@@ -111,13 +104,19 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 impl Bench {
-    /// The chain of `n` steps, validated and armed.
-    fn arm(&self, rt: &tokio::runtime::Runtime, n: usize, durable: bool) -> Arc<executor::Armed> {
+    /// The chain of `n` steps, validated and ready to run.
+    fn arm(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        n: usize,
+        durable: bool,
+    ) -> Arc<poimen_executor::Runnable> {
         rt.block_on(async {
-            let validated = poimen::check(&*self.store, &self.sandbox, &chain(n, durable))
+            let w = &self.wiring;
+            let validated = poimen::check(&*w.store, &w.sandbox, &chain(n, durable))
                 .await
                 .expect("validates");
-            self.armory.arm_validated(validated)
+            w.loader.runnable(validated)
         })
     }
 }
@@ -152,8 +151,9 @@ fn benches(c: &mut Criterion) {
     c.bench_function("tool_call/sandbox", |bench| {
         bench.to_async(&rt).iter(|| async {
             let inv = b
+                .wiring
                 .sandbox
-                .invoke_tool(ToolCall::new(
+                .invoke_tool(ToolRequest::new(
                     json_tool(),
                     json!({"value": {"n": 1}, "select": ""}),
                     "bench",
@@ -209,7 +209,7 @@ fn paired(_: &mut Criterion) {
     let (e1, e10) = (b.arm(&rt, 1, false), b.arm(&rt, 10, false));
     let (d1, d10) = (b.arm(&rt, 1, true), b.arm(&rt, 10, true));
     // Times one run of `armed`, in µs: the median of `reps`.
-    let time_run = |armed: &Arc<executor::Armed>, reps: usize| {
+    let time_run = |armed: &Arc<poimen_executor::Runnable>, reps: usize| {
         let v: Vec<f64> = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();

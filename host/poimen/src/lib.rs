@@ -7,7 +7,8 @@
 //!
 //! This crate is the embedding facade: [`Host`] loads, validates, publishes,
 //! plans and runs workflows, and lets operators and judges back into stopped
-//! runs. The `poimen` binary and its MCP server are built on it.
+//! runs. The `poimen` binary (crate `poimen-cli`) and its MCP server are
+//! built on it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), poimen::Error> {
@@ -20,23 +21,33 @@
 //! # Ok(()) }
 //! ```
 
-pub mod armory;
 pub mod diff;
 mod host;
-pub mod mcp;
+pub mod loader;
 pub mod shadow;
 pub mod tools;
+pub mod wiring;
 
-pub use armory::{CheckError, check, fetch_subworkflows};
-pub use executor::{JudgmentSubmission, Reconciliation, RunState};
+pub use loader::{CheckError, check, fetch_subworkflows};
+
+// The crates below the facade, for embedders that need their vocabulary
+// (the CLI uses nothing else).
 pub use host::{
     Audit, EffortMode, Episode, Error, Host, HostBuilder, Loaded, MAX_WORKFLOW_FILE_BYTES,
     ModelChoice, OpenAiConfig, Plan, PlannedStep, Published, Rule, RunOutcome, RunStatus, Target,
     load_file,
 };
+pub use poimen_executor as executor;
+pub use poimen_executor::{
+    JudgmentError, JudgmentSubmission, OperatorError, Reconciliation, RunError, RunState,
+    StartError,
+};
+pub use poimen_sandbox as sandbox;
+pub use poimen_store as store;
+pub use poimen_workflow as workflow;
 
 use async_trait::async_trait;
-use executor::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse};
+use poimen_executor::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse};
 
 /// The model provider of a host configured without one: every model step
 /// fails as unavailable, naming the fix.

@@ -1,0 +1,221 @@
+//! The executor: starting, driving, resuming and reading runs. The
+//! operator's verbs (`operator.rs`), judges' answers (`judgment.rs`) and
+//! concurrency admission (`admission.rs`) live beside it; its errors in
+//! `error.rs`.
+//!
+//! Everything it touches outside memory goes through traits: the `Store`,
+//! the `ToolHost`, the `ModelProvider`, the `Clock`, and the
+//! [`WorkflowLoader`] that turns a stored version into a [`Runnable`]. How
+//! one run is driven is `run`'s business; this module decides which runs to
+//! drive, and when.
+
+mod admission;
+mod error;
+mod judgment;
+mod operator;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use poimen_store::{IntentRecord, RunId, RunRecord, RunStatus, Store};
+use serde_json::Value;
+
+pub use error::{JudgmentError, Operation, OperatorError, RunError, StartError};
+pub use judgment::JudgmentSubmission;
+
+use crate::effects::{Clock, ModelProvider, ToolHost};
+use crate::episode::Episode;
+use crate::kernel::{ExecutorConfig, Kernel, MAX_SUBWORKFLOW_DEPTH};
+use crate::run::{self, NewRunSpec, RunOutcome, Started};
+use crate::runnable::{Runnable, WorkflowLoader};
+use crate::scope::{RunScope, TenantId};
+use crate::state::RunState;
+
+/// Options of a new run.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// The same (version, input) under this key returns the existing run;
+    /// another input under it is refused.
+    pub idempotency_key: Option<String>,
+    pub tenant: TenantId,
+}
+
+/// Runs workflows.
+#[derive(Clone)]
+pub struct Executor {
+    kernel: Arc<Kernel>,
+    /// One admission at a time per workflow, so two starts cannot both see
+    /// the last free slot.
+    admission: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("host", &self.kernel.config.host_id)
+            .finish()
+    }
+}
+
+impl Executor {
+    /// An executor over a durable store (and an in-memory one for
+    /// `durable: false` workflows).
+    pub fn new(
+        store: Arc<dyn Store>,
+        tools: Arc<dyn ToolHost>,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        loader: Arc<dyn WorkflowLoader>,
+        config: ExecutorConfig,
+    ) -> Executor {
+        Executor {
+            kernel: Arc::new(Kernel::new(store, tools, models, clock, loader, config)),
+            admission: Arc::default(),
+        }
+    }
+
+    /// The durable store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.kernel.store
+    }
+
+    /// Starts a run and drives it until it ends or must wait.
+    pub async fn run(
+        &self,
+        runnable: Arc<Runnable>,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<RunOutcome, RunError> {
+        let started = self.start(runnable, input, opts).await?;
+        self.resume(&started.run).await
+    }
+
+    /// Creates a run (without driving it). With an idempotency key that
+    /// already names a run of the same version and input, returns that run.
+    pub async fn start(
+        &self,
+        runnable: Arc<Runnable>,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<Started, StartError> {
+        let _admitted = self
+            .admit(&runnable, &input, opts.idempotency_key.as_deref())
+            .await?;
+        // A top-level run lives where its workflow's durability class says.
+        let store = if runnable.def.durable {
+            self.kernel.store.clone()
+        } else {
+            self.kernel.memory.clone()
+        };
+        let spec = NewRunSpec {
+            runnable,
+            input,
+            parent: None,
+            idempotency_key: opts.idempotency_key,
+        };
+        Ok(run::create(&self.kernel, store, spec).await?)
+    }
+
+    /// The store that holds a run, and its record.
+    async fn locate(&self, run: &RunId) -> Result<(Arc<dyn Store>, RunRecord), RunError> {
+        self.kernel
+            .locate(run)
+            .await?
+            .ok_or_else(|| RunError::UnknownRun(run.clone()))
+    }
+
+    /// A run's record.
+    pub async fn status(&self, run: &RunId) -> Result<RunRecord, RunError> {
+        Ok(self.locate(run).await?.1)
+    }
+
+    /// A run's episode.
+    pub async fn episode(&self, run: &RunId) -> Result<Episode, RunError> {
+        let (store, _) = self.locate(run).await?;
+        Ok(run::episode(&*store, run).await?)
+    }
+
+    /// A run's state, refolded from its episode.
+    pub async fn state(&self, run: &RunId) -> Result<RunState, RunError> {
+        let (store, _) = self.locate(run).await?;
+        Ok(run::state(&*store, run).await?)
+    }
+
+    /// A run's intent records.
+    pub async fn intents(&self, run: &RunId) -> Result<Vec<IntentRecord>, RunError> {
+        let (store, _) = self.locate(run).await?;
+        Ok(store.intents(run).await?)
+    }
+
+    /// Drives a run from where its episode ends: a run that stopped with its
+    /// host is recovered; a waiting or blocked run whose cause was not
+    /// resolved stays as it is; a finished run is returned as is. A child
+    /// run is driven through its top-level ancestor.
+    pub async fn resume(&self, run: &RunId) -> Result<RunOutcome, RunError> {
+        let root = self.root_of(run).await?;
+        let outcome = self.drive_root(&root).await?;
+        if &root == run {
+            return Ok(outcome);
+        }
+        // A child run: report its own state.
+        self.recorded_outcome(run).await
+    }
+
+    /// A run's outcome as its record and episode say.
+    async fn recorded_outcome(&self, run: &RunId) -> Result<RunOutcome, RunError> {
+        let (store, rec) = self.locate(run).await?;
+        let mut outcome = RunOutcome::of(run, run::state(&*store, run).await?);
+        outcome.status = rec.status;
+        outcome.reason = rec.reason;
+        Ok(outcome)
+    }
+
+    /// Loads the version a run started on.
+    async fn runnable_of(&self, rec: &RunRecord) -> Result<Arc<Runnable>, RunError> {
+        self.kernel
+            .loader
+            .load(&rec.version)
+            .await
+            .map_err(|cause| RunError::Unavailable {
+                workflow: rec.workflow_id.clone(),
+                cause,
+            })
+    }
+
+    /// The top-level ancestor of a run.
+    async fn root_of(&self, run: &RunId) -> Result<RunId, RunError> {
+        let mut current = run.clone();
+        for _ in 0..=MAX_SUBWORKFLOW_DEPTH {
+            let (_, rec) = self.locate(&current).await?;
+            match rec.parent {
+                Some((parent, _)) => current = parent,
+                None => return Ok(current),
+            }
+        }
+        Err(RunError::TooDeep {
+            max: MAX_SUBWORKFLOW_DEPTH,
+        })
+    }
+
+    /// The root scope a top-level run is driven in.
+    fn root_scope(run: &RunId) -> RunScope {
+        RunScope::root(TenantId::default(), run.to_string())
+    }
+
+    /// A driving context over a top-level run's stored state.
+    async fn load(&self, run: &RunId) -> Result<Arc<run::RunCtx>, RunError> {
+        let (store, rec) = self.locate(run).await?;
+        let runnable = self.runnable_of(&rec).await?;
+        Ok(run::load(&self.kernel, store, run, runnable, Self::root_scope(run), 0).await?)
+    }
+
+    /// Drives a top-level run.
+    async fn drive_root(&self, run: &RunId) -> Result<RunOutcome, RunError> {
+        let (_, rec) = self.locate(run).await?;
+        if rec.status != RunStatus::Running {
+            return self.recorded_outcome(run).await;
+        }
+        let ctx = self.load(run).await?;
+        Ok(ctx.drive_registered().await)
+    }
+}

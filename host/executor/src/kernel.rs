@@ -1,0 +1,99 @@
+//! The executor's shared parts, handed to every run it drives: the stores,
+//! the effect traits (tools, models, clock), the workflow loader, this
+//! host's configuration, and the registry of runs being driven (so a cancel
+//! reaches the task driving the run).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use poimen_store::{RunId, RunRecord, Store, StoreError};
+
+use crate::effects::{Clock, ModelProvider, ToolHost};
+use crate::runnable::WorkflowLoader;
+use crate::scope::RunScope;
+
+/// Deepest chain of sub-workflow runs the kernel executes. The validator
+/// rejects deeper graphs at load; this is the interpreter's own guard.
+pub const MAX_SUBWORKFLOW_DEPTH: u32 = 8;
+
+/// Configuration of an executor.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// This host's id (recorded as run owner).
+    pub host_id: String,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            host_id: "local".to_owned(),
+        }
+    }
+}
+
+pub(crate) struct Kernel {
+    /// Durable runs.
+    pub store: Arc<dyn Store>,
+    /// Ephemeral runs (`durable: false`).
+    pub memory: Arc<dyn Store>,
+    pub tools: Arc<dyn ToolHost>,
+    pub models: Arc<dyn ModelProvider>,
+    pub clock: Arc<dyn Clock>,
+    pub loader: Arc<dyn WorkflowLoader>,
+    pub config: ExecutorConfig,
+    /// Runs this host is driving, with the scope that cancels each.
+    active: Mutex<HashMap<RunId, RunScope>>,
+}
+
+impl Kernel {
+    pub fn new(
+        store: Arc<dyn Store>,
+        tools: Arc<dyn ToolHost>,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        loader: Arc<dyn WorkflowLoader>,
+        config: ExecutorConfig,
+    ) -> Kernel {
+        Kernel {
+            store,
+            memory: Arc::new(poimen_store::MemoryStore::new()),
+            tools,
+            models,
+            clock,
+            loader,
+            config,
+            active: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, RunScope>> {
+        self.active.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a run as driven by this host.
+    pub fn register(&self, run: &RunId, scope: RunScope) {
+        self.active().insert(run.clone(), scope);
+    }
+
+    pub fn unregister(&self, run: &RunId) {
+        self.active().remove(run);
+    }
+
+    /// The scope of a run this host is driving.
+    pub fn driving(&self, run: &RunId) -> Option<RunScope> {
+        self.active().get(run).cloned()
+    }
+
+    /// The store that holds a run, and its record.
+    pub async fn locate(
+        &self,
+        run: &RunId,
+    ) -> Result<Option<(Arc<dyn Store>, RunRecord)>, StoreError> {
+        for store in [&self.store, &self.memory] {
+            if let Some(r) = store.run(run).await? {
+                return Ok(Some((store.clone(), r)));
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,405 @@
+//! One step execution: its start, its attempts (strictly serial), the
+//! verifiers of each attempt (fanned out and joined), retries with backoff,
+//! its end with a receipt, and its state write.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use poimen_workflow::{StepDef, StepId, StepKind};
+use serde_json::Value;
+
+use super::{Halt, Inconsistency, RunCtx, RunFailure, StepEnd};
+use crate::effects::{Failure, FailureClass, VerifierCall};
+use crate::episode::{
+    CallOutcome, EpisodeEvent, Receipt, StepStatus, VerdictOutcome, VerdictRecord,
+};
+use crate::hash::hash_json;
+use crate::scope::RunScope;
+use crate::state::{RunState, reduce};
+
+type StepFuture = BoxFuture<'static, Result<StepEnd, Halt>>;
+
+/// Which attempt of which execution of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttemptId {
+    pub iteration: u32,
+    pub attempt: u32,
+}
+
+impl RunCtx {
+    /// Executes (or resumes) one step execution: its attempts, verifiers,
+    /// retries, and its state write. Never returns [`StepEnd::Cancelled`]:
+    /// a cancelled step records its end, then halts the run.
+    pub fn exec_step(
+        self: Arc<Self>,
+        id: StepId,
+        owner: Option<StepId>,
+        scope: RunScope,
+    ) -> StepFuture {
+        async move {
+            let Some(def) = self.runnable.step(&id).cloned() else {
+                return Err(Inconsistency::UnknownStep(id).into());
+            };
+            let snap = self.snapshot().await;
+            let st = snap.steps.get(&id).cloned().unwrap_or_default();
+            let (iteration, mut attempt) =
+                if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
+                    (st.iteration, st.attempt)
+                } else {
+                    if let Some(max) = self.runnable.def.limits.steps
+                        && snap.spent.step_executions >= u64::from(max)
+                    {
+                        return Err(Halt::Fail(RunFailure::StepLimit {
+                            step: id,
+                            executed: snap.spent.step_executions,
+                            limit: max,
+                        }));
+                    }
+                    let iteration = st.iteration + 1;
+                    let start = vec![
+                        EpisodeEvent::StepStarted {
+                            step: id.clone(),
+                            iteration,
+                            kind: def.kind.name().to_owned(),
+                            owner: owner.clone(),
+                        },
+                        EpisodeEvent::AttemptStarted {
+                            step: id.clone(),
+                            iteration,
+                            attempt: 1,
+                        },
+                    ];
+                    // A top-level tool step's start is committed with its `Pending`
+                    // intent: one store commit fewer per tool step. (Not inside a
+                    // fan-out, where the step limit counts starts as they happen.)
+                    if matches!(def.kind, StepKind::Tool(_)) && owner.is_none() {
+                        self.defer(start);
+                    } else {
+                        self.record(start).await?;
+                    }
+                    (iteration, 1)
+                };
+            if attempt == 0 {
+                attempt = 1;
+                self.record(vec![EpisodeEvent::AttemptStarted {
+                    step: id.clone(),
+                    iteration,
+                    attempt,
+                }])
+                .await?;
+            }
+            loop {
+                let spine = owner.is_none();
+                let at = AttemptId { iteration, attempt };
+                let end = self.clone().attempt(&def, at, spine, &scope).await?;
+                let finished = self
+                    .snapshot()
+                    .await
+                    .steps
+                    .get(&id)
+                    .filter(|s| s.iteration == iteration && s.attempt == attempt)
+                    .and_then(|s| s.current.finished.clone());
+                // The attempt's end is committed with what follows it (the
+                // step's end, or — before a retry's backoff — on its own):
+                // one store commit fewer per step. A crash before that commit
+                // re-derives the attempt's result from its recorded calls.
+                let attempt_end = |failure: Option<Failure>| {
+                    finished.is_none().then(|| EpisodeEvent::AttemptFinished {
+                        step: id.clone(),
+                        iteration,
+                        attempt,
+                        failure,
+                    })
+                };
+                match end {
+                    StepEnd::Completed(output) => {
+                        let receipt = self.receipt(&id, Some(&output)).await?;
+                        let mut events: Vec<EpisodeEvent> = attempt_end(None).into_iter().collect();
+                        events.push(EpisodeEvent::StepFinished {
+                            step: id.clone(),
+                            iteration,
+                            status: StepStatus::Completed,
+                            output: Some(output.clone()),
+                            failure: None,
+                            receipt: Some(receipt),
+                        });
+                        // Writes of parallel branches are applied by the join,
+                        // in branch order, so completion order cannot matter.
+                        let parallel_owned = owner.as_ref().is_some_and(|o| {
+                            matches!(
+                                self.runnable.step(o).map(|s| &s.kind),
+                                Some(StepKind::Parallel(_))
+                            )
+                        });
+                        if !parallel_owned && let Some(ev) = self.state_write(&def, &output).await {
+                            events.push(ev);
+                        }
+                        self.record(events).await?;
+                        return Ok(StepEnd::Completed(output));
+                    }
+                    StepEnd::Failed(failure) => {
+                        let retryable = failure
+                            .class
+                            .retry_class()
+                            .is_some_and(|c| def.retry.on.contains(&c));
+                        if retryable && attempt < def.retry.max_attempts {
+                            if let Some(end) = attempt_end(Some(failure.clone())) {
+                                self.record(vec![end]).await?;
+                            }
+                            let delay = def.retry.delay_before(attempt + 1);
+                            if delay.0 > 0
+                                && let Err(stop) = scope
+                                    .guard(self.kernel.clock.sleep(delay.as_duration()))
+                                    .await
+                            {
+                                return self.stopped(&id, iteration, stop.into()).await;
+                            }
+                            attempt += 1;
+                            self.record(vec![EpisodeEvent::AttemptStarted {
+                                step: id.clone(),
+                                iteration,
+                                attempt,
+                            }])
+                            .await?;
+                            continue;
+                        }
+                        let receipt = self.receipt(&id, None).await?;
+                        let mut events: Vec<EpisodeEvent> =
+                            attempt_end(Some(failure.clone())).into_iter().collect();
+                        events.push(EpisodeEvent::StepFinished {
+                            step: id.clone(),
+                            iteration,
+                            status: StepStatus::Failed,
+                            output: None,
+                            failure: Some(failure.clone()),
+                            receipt: Some(receipt),
+                        });
+                        self.record(events).await?;
+                        return Ok(StepEnd::Failed(failure));
+                    }
+                    StepEnd::Lost | StepEnd::Cancelled => {
+                        return self.stopped(&id, iteration, end).await;
+                    }
+                }
+            }
+        }
+        .boxed()
+    }
+
+    /// The receipt of step `id`'s current execution, from its recorded
+    /// and queued events; `finished_at` is now.
+    async fn receipt(&self, id: &StepId, output: Option<&Value>) -> Result<Receipt, Halt> {
+        let snap = self.preview().await?;
+        let st = snap.steps.get(id);
+        let kind = self
+            .runnable
+            .step(id)
+            .map_or("step", |d| d.kind.name())
+            .to_owned();
+        Ok(Receipt {
+            attempt: st.map_or(0, |s| s.attempt),
+            action: st.and_then(|s| s.current.action.clone()).unwrap_or(kind),
+            input_hash: st.and_then(|s| s.current.input_hash.clone()),
+            output_hash: output.map(hash_json),
+            started_at: st.map_or(0, |s| s.started_at),
+            finished_at: self.kernel.clock.now_ms(),
+        })
+    }
+
+    /// Records that a step stopped because its scope did: a lost branch
+    /// ends [`StepEnd::Lost`]; a cancelled step halts the run.
+    async fn stopped(&self, id: &StepId, iteration: u32, end: StepEnd) -> Result<StepEnd, Halt> {
+        let status = match end {
+            StepEnd::Lost => StepStatus::Lost,
+            _ => StepStatus::Cancelled,
+        };
+        let receipt = self.receipt(id, None).await?;
+        self.record(vec![EpisodeEvent::StepFinished {
+            step: id.clone(),
+            iteration,
+            status,
+            output: None,
+            failure: None,
+            receipt: Some(receipt),
+        }])
+        .await?;
+        match end {
+            StepEnd::Lost => Ok(StepEnd::Lost),
+            _ => Err(Halt::Cancelled),
+        }
+    }
+
+    /// The state write a completed step makes, if it declares one.
+    async fn state_write(&self, def: &StepDef, output: &Value) -> Option<EpisodeEvent> {
+        let key = def.writes.as_ref()?;
+        let reducer = self
+            .runnable
+            .def
+            .state
+            .get(key)
+            .and_then(|d| d.reducer)
+            .unwrap_or_default();
+        let snap = self.state.lock().await;
+        let current = snap
+            .state
+            .get(key.as_str())
+            .cloned()
+            .unwrap_or_else(|| RunState::initial_value(reducer));
+        let value = reduce(reducer, &current, output);
+        Some(EpisodeEvent::StateWritten {
+            key: key.0.clone(),
+            reducer,
+            value_hash: hash_json(&value),
+            value,
+        })
+    }
+
+    /// One attempt: the kind's work, then the verifiers.
+    /// `spine`: the step is on the run's serial spine (not a fan-out branch).
+    async fn attempt(
+        self: Arc<Self>,
+        def: &StepDef,
+        at: AttemptId,
+        spine: bool,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        let snap = self.snapshot().await;
+        let st = snap.steps.get(&def.id).cloned().unwrap_or_default();
+        // Only this very attempt's records count: a deferred step start
+        // leaves the previous execution's records in the state.
+        let this_attempt = st.iteration == at.iteration && st.attempt == at.attempt;
+        if let Some(finished) = st.current.finished.as_ref().filter(|_| this_attempt) {
+            // The attempt ended before a crash; only the step's end is missing.
+            return Ok(match finished {
+                Some(f) => StepEnd::Failed(f.clone()),
+                None => StepEnd::Completed(
+                    st.output
+                        .clone()
+                        .or_else(|| match &st.current.tool {
+                            Some(CallOutcome::Ok { output, .. }) => Some(output.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or(Value::Null),
+                ),
+            });
+        }
+        let (input, end) = match &def.kind {
+            StepKind::Tool(t) => {
+                // With no verifiers, the step's end follows the call at
+                // once: the call's outcome can ride with it.
+                let defer = spine && def.verify.is_empty();
+                self.clone().tool_attempt(def, t, at, defer, scope).await?
+            }
+            StepKind::Model(m) => self.model_attempt(def, m, at, scope).await?,
+            StepKind::Conditional(c) => (
+                Value::Null,
+                self.clone()
+                    .conditional_attempt(def, c, at.iteration, scope)
+                    .await?,
+            ),
+            StepKind::Parallel(p) => (
+                Value::Null,
+                self.clone()
+                    .parallel_attempt(def, p, at.iteration, scope)
+                    .await?,
+            ),
+            StepKind::SubWorkflow(s) => (
+                Value::Null,
+                self.clone()
+                    .subworkflow_attempt(def, s, at.iteration, scope)
+                    .await?,
+            ),
+            StepKind::Judgment(j) => (Value::Null, self.judgment_attempt(def, j, at).await?),
+        };
+        match end {
+            StepEnd::Completed(output) if !def.verify.is_empty() => {
+                self.verify(def, at, input, output, scope).await
+            }
+            other => Ok(other),
+        }
+    }
+
+    async fn verify(
+        &self,
+        def: &StepDef,
+        at: AttemptId,
+        input: Value,
+        output: Value,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        let snap = self.snapshot().await;
+        let recorded = snap
+            .steps
+            .get(&def.id)
+            .filter(|s| s.iteration == at.iteration && s.attempt == at.attempt)
+            .and_then(|s| s.current.verdicts.clone());
+        let verdicts = match recorded {
+            Some(v) => v,
+            None => {
+                let mut calls = Vec::new();
+                for v in &def.verify {
+                    let Some(identity) = snap.verifiers.get(&v.verifier.to_string()).cloned()
+                    else {
+                        return Err(Inconsistency::NotPinned {
+                            what: "verifier",
+                            name: v.verifier.to_string(),
+                            step: def.id.clone(),
+                        }
+                        .into());
+                    };
+                    let call = VerifierCall {
+                        verifier: identity.clone(),
+                        input: input.clone(),
+                        output: output.clone(),
+                        config: v.config.clone(),
+                        timeout: def.effective_timeout().as_duration(),
+                    };
+                    let tools = self.kernel.tools.clone();
+                    let config = v.config.clone();
+                    calls.push(async move {
+                        let r = tools.verify(call).await;
+                        VerdictRecord {
+                            verifier: identity,
+                            config,
+                            outcome: match r.outcome {
+                                Ok(v) => VerdictOutcome::Verdict(v),
+                                Err(failure) => VerdictOutcome::Err { failure },
+                            },
+                            record: r.record,
+                        }
+                    });
+                }
+                let verdicts = match scope.guard(futures::future::join_all(calls)).await {
+                    Ok(v) => v,
+                    Err(stop) => return Ok(stop.into()),
+                };
+                self.record(vec![EpisodeEvent::Verified {
+                    step: def.id.clone(),
+                    iteration: at.iteration,
+                    attempt: at.attempt,
+                    verdicts: verdicts.clone(),
+                }])
+                .await?;
+                verdicts
+            }
+        };
+        let rejections: Vec<String> = verdicts
+            .iter()
+            .filter(|v| !v.passed())
+            .map(|v| match &v.outcome {
+                VerdictOutcome::Verdict(x) => {
+                    format!("`{}` rejected it: {}", v.verifier.name, x.reason)
+                }
+                VerdictOutcome::Err { failure } => {
+                    format!("`{}` could not judge it: {failure}", v.verifier.name)
+                }
+            })
+            .collect();
+        Ok(if rejections.is_empty() {
+            StepEnd::Completed(output)
+        } else {
+            StepEnd::Failed(Failure::new(FailureClass::Verifier, rejections.join("; ")))
+        })
+    }
+}

@@ -1,0 +1,229 @@
+//! The write-ahead intent wrapper: the only path from a run to a tool.
+//!
+//! `Pending` (buffered), `Dispatched` (durable before the guest is called),
+//! the call, then `Committed` or `Failed` with the `tool_called` event
+//! (durable before the run moves on). On resume the recorded phases decide:
+//! a committed call is replayed, a dispatched one is re-dispatched with the
+//! same idempotency key when the tool is pure or idempotent, and blocks the
+//! run as `outcome_unknown` otherwise.
+
+use poimen_store::{IntentPhase, IntentRecord, RunStatus};
+use poimen_workflow::{EffectClass, StepDef, ToolRef};
+use serde_json::Value;
+
+use super::attempt::AttemptId;
+use super::{Batch, Halt, Inconsistency, RunCtx, RunFailure, StatusChange, StepEnd};
+use crate::crash::crash_point;
+use crate::effects::{Failure, FailureClass, ToolCall};
+use crate::episode::{CallOutcome, EpisodeEvent};
+use crate::hash::{hash_json, idempotency_key};
+use crate::scope::{RunScope, Stop};
+
+impl RunCtx {
+    /// Calls a tool through the intent protocol (see the module docs).
+    ///
+    /// With `defer_outcome` the outcome is queued for the step's end commit
+    /// (fsynced), which follows at once (see `Deferred`).
+    pub(super) async fn call_tool(
+        &self,
+        def: &StepDef,
+        tool: &ToolRef,
+        args: Value,
+        at: AttemptId,
+        defer_outcome: bool,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        let AttemptId { iteration, attempt } = at;
+        let snap = self.snapshot().await;
+        // A call already recorded for this very attempt (on resume). The
+        // guard matters: a step's start may still be deferred, and then the
+        // state still shows the previous execution's call.
+        if let Some(recorded) = snap
+            .steps
+            .get(&def.id)
+            .filter(|s| s.iteration == iteration && s.attempt == attempt)
+            .and_then(|s| s.current.tool.clone())
+        {
+            return Ok(recorded.into_result().into());
+        }
+        let Some(pinned) = snap.tools.get(&tool.to_string()).cloned() else {
+            return Err(Inconsistency::NotPinned {
+                what: "tool",
+                name: tool.to_string(),
+                step: def.id.clone(),
+            }
+            .into());
+        };
+        let key = idempotency_key(self.run.as_str(), def.id.as_str(), iteration);
+        let args_hash = hash_json(&args);
+        let intent = |phase: IntentPhase,
+                      output_hash: Option<String>,
+                      error: Option<String>,
+                      record: Option<Value>| IntentRecord {
+            run: self.run.clone(),
+            step: def.id.clone(),
+            iteration,
+            attempt,
+            phase,
+            tool: pinned.identity.name.clone(),
+            tool_version: pinned.identity.version.clone(),
+            digest: pinned.identity.digest.clone(),
+            effect: pinned.effect,
+            args_hash: args_hash.clone(),
+            idempotency_key: key.clone(),
+            output_hash,
+            error,
+            record,
+            at: self.kernel.clock.now_ms(),
+        };
+        let dispatched = || {
+            Batch::intents(
+                Vec::new(),
+                vec![intent(IntentPhase::Dispatched, None, None, None)],
+            )
+        };
+        match self.phases(&def.id, iteration, attempt).last() {
+            Some(IntentPhase::Dispatched) => {
+                if pinned.effect == EffectClass::NonIdempotent {
+                    let reason = format!(
+                        "outcome_unknown: step `{}` dispatched non-idempotent tool `{}` (idempotency key {key}) and no outcome was recorded; it is never replayed automatically — run `poimen reconcile {} {} --committed OUTPUT` or `--failed REASON`",
+                        def.id, pinned.identity.name, self.run, def.id
+                    );
+                    self.commit(Batch::status(
+                        vec![EpisodeEvent::RunBlocked {
+                            step: def.id.clone(),
+                            iteration,
+                            attempt,
+                            reason: reason.clone(),
+                        }],
+                        StatusChange::because(RunStatus::Blocked, reason),
+                    ))
+                    .await?;
+                    return Err(Halt::Blocked);
+                }
+                // Pure or idempotent: dispatch again under the same key.
+                self.commit(dispatched()).await?;
+            }
+            Some(IntentPhase::Pending) => {
+                crash_point("after_pending");
+                self.commit(dispatched()).await?;
+                crash_point("after_dispatched");
+            }
+            Some(IntentPhase::Committed | IntentPhase::Failed) => {
+                return Err(Inconsistency::FinalIntentWithoutCall {
+                    step: def.id.clone(),
+                    attempt,
+                }
+                .into());
+            }
+            None => {
+                if let Some(max) = self.runnable.def.budget.tool_calls
+                    && snap.spent.tool_calls >= max
+                {
+                    return Err(Halt::Fail(RunFailure::ToolCallBudget {
+                        step: def.id.clone(),
+                        budget: max,
+                    }));
+                }
+                crash_point("before_pending");
+                self.commit(Batch {
+                    intents: vec![intent(IntentPhase::Pending, None, None, None)],
+                    ..Batch::default()
+                })
+                .await?;
+                crash_point("after_pending");
+                self.commit(dispatched()).await?;
+                crash_point("after_dispatched");
+            }
+        }
+        let call = ToolCall {
+            tool: pinned.identity.clone(),
+            args: args.clone(),
+            idempotency_key: key.clone(),
+            timeout: def.effective_timeout().as_duration(),
+        };
+        let called = |args: Value, capabilities, record: Value, outcome| EpisodeEvent::ToolCalled {
+            step: def.id.clone(),
+            iteration,
+            attempt,
+            tool: pinned.identity.clone(),
+            effect: pinned.effect,
+            args,
+            args_hash: args_hash.clone(),
+            idempotency_key: key.clone(),
+            capabilities,
+            record,
+            outcome,
+            reconciled: false,
+        };
+        let result = match scope.guard(self.kernel.tools.invoke(call)).await {
+            Ok(r) => r,
+            Err(stop) => {
+                // The guest was interrupted: close the intent so nothing dangles.
+                let failure = Failure::new(
+                    FailureClass::Cancelled,
+                    match stop {
+                        Stop::Lost => "the branch lost its join while the call was in flight",
+                        Stop::RunCancelled => "the run was cancelled while the call was in flight",
+                    },
+                );
+                self.commit(Batch::intents(
+                    vec![called(
+                        args,
+                        Vec::new(),
+                        Value::Null,
+                        CallOutcome::Err {
+                            failure: failure.clone(),
+                        },
+                    )],
+                    vec![intent(
+                        IntentPhase::Failed,
+                        None,
+                        Some(failure.to_string()),
+                        None,
+                    )],
+                ))
+                .await?;
+                return Ok(stop.into());
+            }
+        };
+        crash_point("before_committed");
+        let (outcome, phase, output_hash, error) = match result.outcome {
+            Ok(output) => {
+                let h = hash_json(&output);
+                (
+                    CallOutcome::Ok {
+                        output,
+                        output_hash: h.clone(),
+                    },
+                    IntentPhase::Committed,
+                    Some(h),
+                    None,
+                )
+            }
+            Err(failure) => {
+                let e = failure.to_string();
+                (
+                    CallOutcome::Err { failure },
+                    IntentPhase::Failed,
+                    None,
+                    Some(e),
+                )
+            }
+        };
+        let events = vec![called(
+            args,
+            result.capabilities,
+            result.record.clone(),
+            outcome.clone(),
+        )];
+        let closed = vec![intent(phase, output_hash, error, Some(result.record))];
+        if defer_outcome {
+            self.defer_outcome(events, closed, "after_committed");
+        } else {
+            self.commit(Batch::intents(events, closed)).await?;
+            crash_point("after_committed");
+        }
+        Ok(outcome.into_result().into())
+    }
+}

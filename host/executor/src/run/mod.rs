@@ -1,0 +1,538 @@
+//! One run, interpreted step by step over the IR: the driving context and
+//! its commit path.
+//!
+//! A run is driven by [`RunCtx::drive`] (the walk, `walk.rs`): top-level
+//! steps one at a time in the order the validator computed, fan-out only
+//! inside a `Parallel` step, attempts strictly serial (`attempt.rs`), the
+//! verifiers of one attempt fanned out and joined. Every change is recorded
+//! as an episode event *before* it is applied to the in-memory state
+//! ([`RunCtx::commit`], the only write path), and every tool call goes
+//! through the write-ahead intent wrapper (`intent.rs`) — there is no other
+//! path from here to a tool. Each step kind has its own file under `steps/`.
+//!
+//! The walk is re-entrant: resuming a run refolds its episode and walks
+//! again, and every effect already recorded for the current attempt (tool
+//! outcome, model answer, verdicts, conditional choice, fork, child run,
+//! judgment) is replayed from the record instead of being performed again.
+//!
+//! This module knows nothing of the executor's verbs (`engine`): it runs
+//! one run, creates and drives child runs, and reports how the run stopped.
+
+mod attempt;
+mod intent;
+mod start;
+mod steps;
+mod walk;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use poimen_store::{
+    BlobHash, Commit, Durability, IntentPhase, IntentRecord, JudgmentWrite, RunId, RunStatus,
+    RunUpdate, Store, StoreError,
+};
+use poimen_workflow::StepId;
+use serde_json::Value;
+
+use crate::crash::crash_point;
+use crate::effects::Failure;
+use crate::episode::{EpisodeEvent, Recorded};
+use crate::kernel::Kernel;
+use crate::runnable::Runnable;
+use crate::scope::{RunScope, Stop};
+use crate::state::{FoldError, RunState};
+
+pub use start::Started;
+pub(crate) use start::{CreateError, LoadError, NewRunSpec, create, episode, load, state};
+pub use steps::judgment_id;
+
+/// How a step execution or one of its attempts ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StepEnd {
+    /// With an output.
+    Completed(Value),
+    /// Without one, for this reason.
+    Failed(Failure),
+    /// A parallel branch stopped because its join was already decided.
+    Lost,
+    /// Stopped because the run was cancelled. (A step execution records
+    /// its end, then halts the run: [`Halt::Cancelled`].)
+    Cancelled,
+}
+
+impl From<Stop> for StepEnd {
+    fn from(stop: Stop) -> StepEnd {
+        match stop {
+            Stop::Lost => StepEnd::Lost,
+            Stop::RunCancelled => StepEnd::Cancelled,
+        }
+    }
+}
+
+impl From<Result<Value, Failure>> for StepEnd {
+    fn from(r: Result<Value, Failure>) -> StepEnd {
+        match r {
+            Ok(v) => StepEnd::Completed(v),
+            Err(f) => StepEnd::Failed(f),
+        }
+    }
+}
+
+/// Why the walk stopped before the run ended.
+#[derive(Debug)]
+pub(crate) enum Halt {
+    /// The run waits for a judgment.
+    Waiting,
+    /// The run needs an operator (outcome unknown).
+    Blocked,
+    /// The run was cancelled.
+    Cancelled,
+    /// The run must fail now.
+    Fail(RunFailure),
+    /// The store refused a write: nothing more can be recorded.
+    Store(StoreError),
+    /// The episode contradicts itself or the workflow.
+    Inconsistent(Inconsistency),
+}
+
+/// Why a commit did not land (or did not apply).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitError {
+    /// The store refused the write.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The write landed but does not fold onto the live state.
+    #[error(transparent)]
+    Fold(#[from] FoldError),
+}
+
+impl From<CommitError> for Halt {
+    fn from(e: CommitError) -> Halt {
+        match e {
+            CommitError::Store(e) => Halt::Store(e),
+            CommitError::Fold(e) => Halt::Inconsistent(Inconsistency::Fold(e)),
+        }
+    }
+}
+
+impl From<Inconsistency> for Halt {
+    fn from(e: Inconsistency) -> Halt {
+        Halt::Inconsistent(e)
+    }
+}
+
+/// Why a run fails as a whole (recorded as its `run_failed` reason).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum RunFailure {
+    #[error("step `{step}` failed: {failure}")]
+    StepFailed { step: StepId, failure: Failure },
+    #[error(
+        "deadline exceeded: the run started {elapsed_ms} ms ago and its limit is {limit_ms} ms"
+    )]
+    Deadline { elapsed_ms: u64, limit_ms: u64 },
+    #[error("budget exceeded: wall time {active_ms} ms is over the budget of {budget_ms} ms")]
+    WallTime { active_ms: u64, budget_ms: u64 },
+    #[error("budget exceeded: {used} tokens used, the budget is {budget}")]
+    Tokens { used: u64, budget: u64 },
+    #[error("budget exceeded: {made} tool calls made, the budget is {budget}")]
+    ToolCalls { made: u64, budget: u64 },
+    #[error(
+        "budget exceeded: the run may make {budget} tool calls and step `{step}` would make one more"
+    )]
+    ToolCallBudget { step: StepId, budget: u64 },
+    #[error("limit reached: the run has executed {executed} steps, its limit is {limit}")]
+    StepLimit {
+        step: StepId,
+        executed: u64,
+        limit: u32,
+    },
+    #[error("the loop condition from `{from}` to `{to}` failed: {cause}")]
+    LoopCondition {
+        from: StepId,
+        to: StepId,
+        cause: crate::render::RenderError,
+    },
+    #[error("the run's output template failed: {0}")]
+    OutputTemplate(crate::render::RenderError),
+    #[error("the run's output does not match the workflow's `outputs` schema: {0}")]
+    OutputSchema(crate::schema::Violations),
+    #[error("internal error: {0}")]
+    Inconsistent(Inconsistency),
+}
+
+impl RunFailure {
+    /// The step the failure is about, if it is about one.
+    pub fn step(&self) -> Option<&StepId> {
+        match self {
+            RunFailure::StepFailed { step, .. }
+            | RunFailure::ToolCallBudget { step, .. }
+            | RunFailure::StepLimit { step, .. } => Some(step),
+            RunFailure::LoopCondition { from, .. } => Some(from),
+            _ => None,
+        }
+    }
+}
+
+/// An episode that contradicts itself or the workflow it runs: a defect
+/// (of the store's contents or of poimen), never a user's mistake.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Inconsistency {
+    #[error("the run was never started")]
+    NeverStarted,
+    #[error("step `{0}` is not in the workflow")]
+    UnknownStep(StepId),
+    #[error("{what} `{name}` of step `{step}` was not pinned at the run's start")]
+    NotPinned {
+        what: &'static str,
+        name: String,
+        step: StepId,
+    },
+    #[error("step `{step}` attempt {attempt} has a final intent but no recorded tool call")]
+    FinalIntentWithoutCall { step: StepId, attempt: u32 },
+    #[error("the join of `{0}` was not recorded")]
+    JoinNotRecorded(StepId),
+    #[error("a branch task of `{step}` died: {cause}")]
+    BranchDied { step: StepId, cause: String },
+    #[error(
+        "sub-workflow `{workflow}` of step `{step}` was not resolved when the workflow was loaded"
+    )]
+    SubWorkflowUnresolved { step: StepId, workflow: String },
+    #[error("child run {child} stopped while still running: {reason}")]
+    ChildStillRunning { child: RunId, reason: String },
+    #[error("child run id `{0}` in the episode is not a run id")]
+    BadChildId(String),
+    #[error("the episode does not fold: {0}")]
+    Fold(#[from] FoldError),
+}
+
+/// What a driven run came to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    pub run: RunId,
+    pub status: RunStatus,
+    pub output: Option<Value>,
+    pub reason: Option<String>,
+    /// The run's state as the driver held it when it stopped (the live
+    /// state; `assert_refold_identical` compares it with the episode).
+    pub state: RunState,
+}
+
+impl RunOutcome {
+    /// The outcome a run's state describes.
+    pub fn of(run: &RunId, state: RunState) -> RunOutcome {
+        RunOutcome {
+            run: run.clone(),
+            status: state.status.unwrap_or(RunStatus::Running),
+            output: state.output.clone(),
+            reason: state.reason.clone(),
+            state,
+        }
+    }
+}
+
+/// A run-status change a commit makes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StatusChange {
+    pub status: RunStatus,
+    pub reason: Option<String>,
+    pub output_hash: Option<BlobHash>,
+}
+
+impl StatusChange {
+    pub fn to(status: RunStatus) -> StatusChange {
+        StatusChange {
+            status,
+            reason: None,
+            output_hash: None,
+        }
+    }
+
+    pub fn because(status: RunStatus, reason: impl Into<String>) -> StatusChange {
+        StatusChange {
+            status,
+            reason: Some(reason.into()),
+            output_hash: None,
+        }
+    }
+}
+
+/// Everything one store commit writes for a run. By default the commit is
+/// buffered (ordered, not fsynced): what must be durable says so.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub events: Vec<EpisodeEvent>,
+    pub intents: Vec<IntentRecord>,
+    pub judgments: Vec<JudgmentWrite>,
+    pub blobs: Vec<Vec<u8>>,
+    pub update: Option<StatusChange>,
+    pub durability: Durability,
+}
+
+impl Default for Batch {
+    fn default() -> Batch {
+        Batch {
+            events: Vec::new(),
+            intents: Vec::new(),
+            judgments: Vec::new(),
+            blobs: Vec::new(),
+            update: None,
+            durability: Durability::Buffered,
+        }
+    }
+}
+
+impl Batch {
+    /// Events, buffered.
+    pub fn events(events: Vec<EpisodeEvent>) -> Batch {
+        Batch {
+            events,
+            ..Batch::default()
+        }
+    }
+
+    /// Events with a run-status change, fsynced.
+    pub fn status(events: Vec<EpisodeEvent>, change: StatusChange) -> Batch {
+        Batch {
+            events,
+            update: Some(change),
+            durability: Durability::Sync,
+            ..Batch::default()
+        }
+    }
+
+    /// Intents (and the events that go with them), fsynced.
+    pub fn intents(events: Vec<EpisodeEvent>, intents: Vec<IntentRecord>) -> Batch {
+        Batch {
+            events,
+            intents,
+            durability: Durability::Sync,
+            ..Batch::default()
+        }
+    }
+
+    pub fn durability(mut self, durability: Durability) -> Batch {
+        self.durability = durability;
+        self
+    }
+}
+
+/// Builds the store commit of `batch` as events `first..` recorded `at`.
+pub(crate) fn store_commit(
+    run: &RunId,
+    first: u64,
+    at: i64,
+    events: Vec<EpisodeEvent>,
+    batch: Batch,
+) -> (Commit, Vec<Recorded>) {
+    let recorded: Vec<Recorded> = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| Recorded {
+            seq: first + i as u64,
+            at,
+            event,
+        })
+        .collect();
+    let commit = Commit {
+        run: run.clone(),
+        blobs: batch.blobs,
+        events: recorded.iter().map(Recorded::to_new_event).collect(),
+        intents: batch.intents,
+        judgments: batch.judgments,
+        run_update: batch.update.map(|c| RunUpdate {
+            status: c.status,
+            reason: c.reason,
+            output_hash: c.output_hash,
+            updated_at: at,
+        }),
+        durability: batch.durability,
+    };
+    (commit, recorded)
+}
+
+/// One run being driven by this host.
+pub(crate) struct RunCtx {
+    pub kernel: Arc<Kernel>,
+    pub store: Arc<dyn Store>,
+    pub run: RunId,
+    pub runnable: Arc<Runnable>,
+    pub scope: RunScope,
+    /// Sub-workflow nesting depth of this run (0 for a top-level run).
+    pub depth: u32,
+    state: tokio::sync::Mutex<RunState>,
+    /// Intent phases recorded per (step, iteration, attempt).
+    intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
+    /// Records the next commit carries ahead of its own (see [`Deferred`]).
+    deferred: std::sync::Mutex<Deferred>,
+}
+
+/// Records queued for the run's next commit, which carries them ahead of its
+/// own. On the serial spine (never inside a fan-out, whose branches commit
+/// concurrently) a top-level tool step's start rides with its `Pending`
+/// intent, and its `Committed`/`Failed` intent with the step's end: a
+/// durable tool step costs three store commits, two of them fsynced.
+///
+/// Nothing queued is applied until that commit, so a crash before it leaves
+/// no trace of it — as if it never happened. For a start that is true:
+/// nothing but it happened. For a tool call's outcome the recorded
+/// `Dispatched` intent stands for it, which recovery treats as it treats a
+/// crash just after the call (re-dispatch under the same idempotency key, or
+/// `outcome_unknown` for a non-idempotent tool).
+#[derive(Debug, Default)]
+struct Deferred {
+    events: Vec<EpisodeEvent>,
+    intents: Vec<IntentRecord>,
+    /// The carrying commit is fsynced whatever it asks for: an intent's
+    /// outcome is durable before the run moves on.
+    sync: bool,
+    /// Crash-injection points reached once the carrying commit returns.
+    crash_after: Vec<&'static str>,
+}
+
+impl std::fmt::Debug for RunCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunCtx")
+            .field("run", &self.run)
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+/// Where and how a run is driven: everything [`RunCtx::new`] needs besides
+/// the run's recorded state.
+pub(crate) struct Driving {
+    pub kernel: Arc<Kernel>,
+    pub store: Arc<dyn Store>,
+    pub run: RunId,
+    pub runnable: Arc<Runnable>,
+    pub scope: RunScope,
+    pub depth: u32,
+}
+
+impl RunCtx {
+    /// A driving context over a run's refolded state and recorded intents.
+    pub fn new(at: Driving, state: RunState, intents: &[IntentRecord]) -> Arc<RunCtx> {
+        let mut phases: BTreeMap<(StepId, u32, u32), Vec<IntentPhase>> = BTreeMap::new();
+        for i in intents {
+            phases
+                .entry((i.step.clone(), i.iteration, i.attempt))
+                .or_default()
+                .push(i.phase);
+        }
+        Arc::new(RunCtx {
+            kernel: at.kernel,
+            store: at.store,
+            run: at.run,
+            runnable: at.runnable,
+            scope: at.scope,
+            depth: at.depth,
+            state: tokio::sync::Mutex::new(state),
+            intents: std::sync::Mutex::new(phases),
+            deferred: std::sync::Mutex::new(Deferred::default()),
+        })
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Deferred> {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues events for the next commit (see [`Deferred`]).
+    fn defer(&self, events: Vec<EpisodeEvent>) {
+        self.deferred().events.extend(events);
+    }
+
+    /// Queues a tool call's outcome for the next commit, which is then
+    /// fsynced (see [`Deferred`]); `crash_after` is reached once it is.
+    fn defer_outcome(
+        &self,
+        events: Vec<EpisodeEvent>,
+        intents: Vec<IntentRecord>,
+        crash_after: &'static str,
+    ) {
+        let mut d = self.deferred();
+        d.events.extend(events);
+        d.intents.extend(intents);
+        d.sync = true;
+        d.crash_after.push(crash_after);
+    }
+
+    /// A copy of the current state.
+    pub async fn snapshot(&self) -> RunState {
+        self.state.lock().await.clone()
+    }
+
+    /// The state as it will be once the queued records are committed.
+    async fn preview(&self) -> Result<RunState, Halt> {
+        let mut state = self.snapshot().await;
+        let events = self.deferred().events.clone();
+        let at = self.kernel.clock.now_ms();
+        let first = state.last_seq.map_or(0, |s| s + 1);
+        for (i, event) in events.into_iter().enumerate() {
+            state
+                .apply(&Recorded {
+                    seq: first + i as u64,
+                    at,
+                    event,
+                })
+                .map_err(Inconsistency::from)?;
+        }
+        Ok(state)
+    }
+
+    /// Records events in one buffered commit, then applies them.
+    pub async fn record(&self, events: Vec<EpisodeEvent>) -> Result<(), CommitError> {
+        self.commit(Batch::events(events)).await
+    }
+
+    /// Records one batch in one store commit, then applies its events to the
+    /// live state. Nothing is applied unless it was recorded.
+    pub async fn commit(&self, batch: Batch) -> Result<(), CommitError> {
+        let mut state = self.state.lock().await;
+        let at = self.kernel.clock.now_ms();
+        let first = state.last_seq.map_or(0, |s| s + 1);
+        let mut batch = batch;
+        let deferred = std::mem::take(&mut *self.deferred());
+        let mut events = deferred.events;
+        events.append(&mut batch.events);
+        let mut intents = deferred.intents;
+        intents.append(&mut batch.intents);
+        if deferred.sync {
+            batch.durability = Durability::Sync;
+        }
+        batch.intents = intents.clone();
+        let (commit, recorded) = store_commit(&self.run, first, at, events, batch);
+        self.store.commit(commit).await?;
+        for r in &recorded {
+            state.apply(r)?;
+        }
+        drop(state);
+        if !intents.is_empty() {
+            let mut phases = self.intents.lock().unwrap_or_else(|p| p.into_inner());
+            for i in intents {
+                phases
+                    .entry((i.step, i.iteration, i.attempt))
+                    .or_default()
+                    .push(i.phase);
+            }
+        }
+        for point in deferred.crash_after {
+            crash_point(point);
+        }
+        Ok(())
+    }
+
+    fn phases(&self, step: &StepId, iteration: u32, attempt: u32) -> Vec<IntentPhase> {
+        self.intents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(step.clone(), iteration, attempt))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send(ctx: Arc<RunCtx>) {
+    fn is_send<T: Send>(_: T) {}
+    is_send(ctx.drive());
+}

@@ -1,0 +1,266 @@
+//! Creating a run (pinning what it can reach and recording its start),
+//! loading a stored run into a driving context, and driving it while it is
+//! registered as active. The engine does this for top-level runs; a
+//! sub-workflow step does it for its child.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use poimen_store::{CreateRun, IntentRecord, NewRun, RunId, RunStatus, Store, StoreError};
+use poimen_workflow::{StepKind, WorkflowId};
+use serde_json::Value;
+
+use super::{Batch, CommitError, Driving, RunCtx, RunOutcome, StatusChange};
+use crate::effects::Failure;
+use crate::episode::{Episode, EpisodeError, EpisodeEvent, ParentLink, PinnedTool};
+use crate::hash::canonical_json;
+use crate::kernel::Kernel;
+use crate::runnable::Runnable;
+use crate::scope::RunScope;
+use crate::state::{FoldError, RunState, refold};
+
+/// A run that was started, or found under its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub run: RunId,
+    /// True when the idempotency key named an existing run.
+    pub existing: bool,
+}
+
+/// Why a run could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("the input does not match the `inputs` schema of workflow `{workflow}`: {violations}")]
+    InvalidInput {
+        workflow: WorkflowId,
+        violations: crate::schema::Violations,
+    },
+    #[error("cannot start workflow `{workflow}`: {cause}")]
+    Unavailable {
+        workflow: WorkflowId,
+        cause: Failure,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the run's start does not fold: {0}")]
+    Fold(#[from] FoldError),
+}
+
+impl From<CommitError> for CreateError {
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Store(e) => CreateError::Store(e),
+            CommitError::Fold(e) => CreateError::Fold(e),
+        }
+    }
+}
+
+/// Why a stored run could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Undecodable(#[from] EpisodeError),
+    #[error("run {run}'s episode does not fold: {cause}")]
+    Fold { run: RunId, cause: FoldError },
+}
+
+/// What a new run is.
+pub(crate) struct NewRunSpec {
+    pub runnable: Arc<Runnable>,
+    pub input: Value,
+    pub parent: Option<ParentLink>,
+    pub idempotency_key: Option<String>,
+}
+
+/// Creates a run in `store` and records its start: the input is checked
+/// against the workflow's `inputs`, and every tool and verifier it can
+/// reach is pinned (name, version, digest) in its `run_started` event.
+pub(crate) async fn create(
+    kernel: &Arc<Kernel>,
+    store: Arc<dyn Store>,
+    spec: NewRunSpec,
+) -> Result<Started, CreateError> {
+    let NewRunSpec {
+        runnable,
+        input,
+        parent,
+        idempotency_key,
+    } = spec;
+    let def = &runnable.def;
+    if let Some(schema) = &def.inputs {
+        crate::schema::check(schema, &input).map_err(|violations| CreateError::InvalidInput {
+            workflow: def.id.clone(),
+            violations,
+        })?;
+    }
+    let unavailable = |cause| CreateError::Unavailable {
+        workflow: def.id.clone(),
+        cause,
+    };
+    let mut tools = BTreeMap::new();
+    let mut verifiers = BTreeMap::new();
+    for step in &def.steps {
+        if let StepKind::Tool(t) = &step.kind {
+            let (identity, effect) = kernel.tools.pin_tool(&t.tool).map_err(unavailable)?;
+            tools.insert(t.tool.to_string(), PinnedTool { identity, effect });
+        }
+        for v in &step.verify {
+            let identity = kernel
+                .tools
+                .pin_verifier(&v.verifier)
+                .map_err(unavailable)?;
+            verifiers.insert(v.verifier.to_string(), identity);
+        }
+    }
+    let now = kernel.clock.now_ms();
+    // Runs refer to a stored version; publishing is idempotent.
+    store
+        .publish_version(poimen_store::NewVersion::of(
+            def.id.clone(),
+            poimen_workflow::canonical::canonical_bytes(def),
+            None,
+            now,
+        ))
+        .await?;
+    let input_bytes = canonical_json(&input);
+    let input_hash = poimen_store::BlobHash::of(&input_bytes);
+    let id = RunId::generate(new_ulid(now));
+    let created = store
+        .create_run(NewRun {
+            id: id.clone(),
+            version: runnable.version,
+            input: input_bytes,
+            idempotency_key,
+            parent: parent.as_ref().map(|p| (p.run.clone(), p.step.clone())),
+            owner: Some(kernel.config.host_id.clone()),
+            created_at: now,
+        })
+        .await?;
+    let rec = match created {
+        CreateRun::Existing(rec) => {
+            return Ok(Started {
+                run: rec.id,
+                existing: true,
+            });
+        }
+        CreateRun::Created(rec) => rec,
+    };
+    let ctx = RunCtx::new(
+        Driving {
+            kernel: kernel.clone(),
+            store,
+            run: rec.id.clone(),
+            runnable: runnable.clone(),
+            scope: RunScope::root(Default::default(), rec.id.to_string()),
+            depth: 0,
+        },
+        RunState::default(),
+        &[],
+    );
+    ctx.commit(Batch::status(
+        vec![EpisodeEvent::RunStarted {
+            workflow_id: def.id.clone(),
+            version: runnable.version,
+            input,
+            input_hash: input_hash.to_string(),
+            parent,
+            tools,
+            verifiers,
+        }],
+        StatusChange::to(RunStatus::Running),
+    ))
+    .await?;
+    Ok(Started {
+        run: rec.id,
+        existing: false,
+    })
+}
+
+/// A run's episode as stored.
+pub(crate) async fn episode(store: &dyn Store, run: &RunId) -> Result<Episode, LoadError> {
+    let stored = store.events(run).await?;
+    Ok(Episode::from_stored(run.as_str(), &stored)?)
+}
+
+/// A run's state, refolded from its stored episode.
+pub(crate) async fn state(store: &dyn Store, run: &RunId) -> Result<RunState, LoadError> {
+    refold(&episode(store, run).await?).map_err(|cause| LoadError::Fold {
+        run: run.clone(),
+        cause,
+    })
+}
+
+/// Loads a stored run (its refolded state and its intents) into a driving
+/// context.
+pub(crate) async fn load(
+    kernel: &Arc<Kernel>,
+    store: Arc<dyn Store>,
+    run: &RunId,
+    runnable: Arc<Runnable>,
+    scope: RunScope,
+    depth: u32,
+) -> Result<Arc<RunCtx>, LoadError> {
+    let state = state(&*store, run).await?;
+    let intents: Vec<IntentRecord> = store.intents(run).await?;
+    Ok(RunCtx::new(
+        Driving {
+            kernel: kernel.clone(),
+            store,
+            run: run.clone(),
+            runnable,
+            scope,
+            depth,
+        },
+        state,
+        &intents,
+    ))
+}
+
+impl RunCtx {
+    /// Drives a loaded run, registered as active (cancellable through the
+    /// executor) while it is driven.
+    pub(crate) async fn drive_registered(self: Arc<Self>) -> RunOutcome {
+        let kernel = self.kernel.clone();
+        kernel.register(&self.run, self.scope.clone());
+        let outcome = self.clone().resume_and_drive().await;
+        kernel.unregister(&self.run);
+        outcome
+    }
+
+    async fn resume_and_drive(self: Arc<Self>) -> RunOutcome {
+        let snap = self.snapshot().await;
+        if snap.status == Some(RunStatus::Running) {
+            let in_flight = snap.steps.values().any(|s| {
+                matches!(
+                    s.status,
+                    crate::episode::StepStatus::Running | crate::episode::StepStatus::Waiting
+                )
+            });
+            // The run stopped mid-step with its host: say so in the episode.
+            if in_flight
+                && let Err(e) = self
+                    .record(vec![EpisodeEvent::RunResumed {
+                        reason: "recovered: the host stopped while the run was in flight".into(),
+                    }])
+                    .await
+            {
+                let mut o = RunOutcome::of(&self.run, snap);
+                o.reason = Some(format!(
+                    "the run could not be resumed, its episode ends where it stopped: {e}"
+                ));
+                return o;
+            }
+        }
+        self.drive().await
+    }
+}
+
+/// A ULID for a new run id at `now_ms`: time from the executor's clock,
+/// the rest random (ids are volatile: nothing hashes or compares them).
+fn new_ulid(now_ms: i64) -> ulid::Ulid {
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
+    ulid::Ulid::from_datetime(at)
+}

@@ -1,0 +1,216 @@
+//! A sub-workflow step: create the child run (once — the link is recorded
+//! and followed on resume), drive it inside the parent's scope, and take its
+//! end as the step's.
+
+use std::sync::Arc;
+
+use poimen_store::{RunId, RunStatus};
+use poimen_workflow::{StepDef, SubWorkflowStep, VersionSelector};
+use serde_json::Value;
+
+use super::render_failure;
+use crate::effects::{Failure, FailureClass};
+use crate::episode::{EpisodeEvent, ParentLink};
+use crate::kernel::MAX_SUBWORKFLOW_DEPTH;
+use crate::render::{context, render_args};
+use crate::run::start::{CreateError, NewRunSpec, create, load};
+use crate::run::{Batch, Halt, Inconsistency, RunCtx, RunOutcome, StatusChange, StepEnd};
+use crate::scope::RunScope;
+
+impl RunCtx {
+    pub(in crate::run) async fn subworkflow_attempt(
+        self: Arc<Self>,
+        def: &StepDef,
+        s: &SubWorkflowStep,
+        iteration: u32,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        let snap = self.snapshot().await;
+        let link = snap.steps.get(&def.id).and_then(|st| st.child.clone());
+        let (child_run, version) = match link {
+            Some(l) => {
+                if let Some((status, output)) = &l.finished {
+                    return Ok(child_result(&l.run, *status, output.clone()).into());
+                }
+                (l.run, l.version)
+            }
+            None => {
+                let Some(version) =
+                    self.runnable
+                        .subworkflows
+                        .get(&def.id)
+                        .copied()
+                        .or(match &s.version {
+                            VersionSelector::Pinned(v) => Some(*v),
+                            VersionSelector::Latest => None,
+                        })
+                else {
+                    return Err(Inconsistency::SubWorkflowUnresolved {
+                        step: def.id.clone(),
+                        workflow: s.id.to_string(),
+                    }
+                    .into());
+                };
+                let input = match render_args(&s.input.0, &context(&snap)) {
+                    Ok(i) => i,
+                    Err(e) => return Ok(StepEnd::Failed(render_failure(e))),
+                };
+                let parent = ParentLink {
+                    run: self.run.clone(),
+                    step: def.id.clone(),
+                    iteration,
+                };
+                let child = match self.create_child(version, input, parent).await {
+                    Ok(c) => c,
+                    Err(failure) => return Ok(StepEnd::Failed(failure)),
+                };
+                self.commit(
+                    Batch::events(vec![EpisodeEvent::ChildRunLinked {
+                        step: def.id.clone(),
+                        iteration,
+                        child_run: child.clone(),
+                        child_version: version,
+                    }])
+                    .durability(poimen_store::Durability::Sync),
+                )
+                .await?;
+                (child, version)
+            }
+        };
+        let outcome = match self
+            .drive_child(&child_run, version, scope.child_run(child_run.to_string()))
+            .await
+        {
+            Ok(o) => o,
+            Err(failure) => return Ok(StepEnd::Failed(failure)),
+        };
+        match outcome.status {
+            RunStatus::Completed | RunStatus::Failed => {
+                self.record(vec![EpisodeEvent::ChildRunFinished {
+                    step: def.id.clone(),
+                    iteration,
+                    child_run: child_run.clone(),
+                    status: outcome.status,
+                    output: outcome.output.clone(),
+                }])
+                .await?;
+                let mut r = child_result(&child_run, outcome.status, outcome.output);
+                if let (Err(f), Some(reason)) = (&mut r, outcome.reason) {
+                    f.message = format!("{}: {reason}", f.message);
+                }
+                Ok(r.into())
+            }
+            RunStatus::WaitingJudgment => {
+                self.mark_waiting(format!("child run {child_run} waits for a judgment"))
+                    .await?;
+                Err(Halt::Waiting)
+            }
+            RunStatus::Blocked => {
+                let reason = format!(
+                    "child run {child_run} is blocked: {}",
+                    outcome.reason.unwrap_or_default()
+                );
+                self.commit(Batch::status(
+                    vec![EpisodeEvent::RunBlocked {
+                        step: def.id.clone(),
+                        iteration,
+                        attempt: 0,
+                        reason: reason.clone(),
+                    }],
+                    StatusChange::because(RunStatus::Blocked, reason),
+                ))
+                .await?;
+                Err(Halt::Blocked)
+            }
+            RunStatus::Cancelled => Ok(scope.stopped().map_or(StepEnd::Cancelled, StepEnd::from)),
+            RunStatus::Running | RunStatus::Queued => Err(Inconsistency::ChildStillRunning {
+                child: child_run,
+                reason: outcome.reason.unwrap_or_default(),
+            }
+            .into()),
+        }
+    }
+
+    /// Creates the child run of a sub-workflow step, in the parent's store.
+    async fn create_child(
+        &self,
+        version: poimen_workflow::WorkflowVersion,
+        input: Value,
+        link: ParentLink,
+    ) -> Result<RunId, Failure> {
+        if self.depth + 1 > MAX_SUBWORKFLOW_DEPTH {
+            return Err(Failure::new(
+                FailureClass::InvalidInput,
+                format!(
+                    "sub-workflow nesting would exceed the kernel's bound of {MAX_SUBWORKFLOW_DEPTH}"
+                ),
+            ));
+        }
+        let runnable = self.kernel.loader.load(&version).await?;
+        let spec = NewRunSpec {
+            runnable,
+            input,
+            parent: Some(link),
+            idempotency_key: None,
+        };
+        match create(&self.kernel, self.store.clone(), spec).await {
+            Ok(s) => Ok(s.run),
+            Err(CreateError::InvalidInput {
+                workflow,
+                violations,
+            }) => Err(Failure::new(
+                FailureClass::InvalidInput,
+                format!("the child workflow `{workflow}` refuses its input: {violations}"),
+            )),
+            Err(e) => Err(Failure::new(FailureClass::Unavailable, e.to_string())),
+        }
+    }
+
+    /// Drives a child run inside its parent's scope.
+    async fn drive_child(
+        &self,
+        child: &RunId,
+        version: poimen_workflow::WorkflowVersion,
+        scope: RunScope,
+    ) -> Result<RunOutcome, Failure> {
+        let runnable = self.kernel.loader.load(&version).await?;
+        let ctx = load(
+            &self.kernel,
+            self.store.clone(),
+            child,
+            runnable,
+            scope,
+            self.depth + 1,
+        )
+        .await
+        .map_err(|e| Failure::new(FailureClass::Unavailable, e.to_string()))?;
+        Ok(ctx.drive_registered().await)
+    }
+
+    /// Marks the run as waiting for a judgment (once).
+    pub(in crate::run) async fn mark_waiting(
+        &self,
+        reason: String,
+    ) -> Result<(), crate::run::CommitError> {
+        if self.snapshot().await.status == Some(RunStatus::WaitingJudgment) {
+            return Ok(());
+        }
+        self.commit(Batch::status(
+            vec![EpisodeEvent::RunWaiting {
+                reason: reason.clone(),
+            }],
+            StatusChange::because(RunStatus::WaitingJudgment, reason),
+        ))
+        .await
+    }
+}
+
+fn child_result(run: &RunId, status: RunStatus, output: Option<Value>) -> Result<Value, Failure> {
+    match status {
+        RunStatus::Completed => Ok(output.unwrap_or(Value::Null)),
+        other => Err(Failure::new(
+            FailureClass::Failed,
+            format!("child run {run} ended {other:?}"),
+        )),
+    }
+}

@@ -1,0 +1,34 @@
+//! A tool step: render the arguments from recorded state, then call the
+//! tool through the intent wrapper.
+
+use std::sync::Arc;
+
+use poimen_workflow::{StepDef, ToolStep};
+use serde_json::Value;
+
+use super::render_failure;
+use crate::render::{context, render_args};
+use crate::run::attempt::AttemptId;
+use crate::run::{Halt, RunCtx, StepEnd};
+use crate::scope::RunScope;
+
+impl RunCtx {
+    pub(in crate::run) async fn tool_attempt(
+        self: Arc<Self>,
+        def: &StepDef,
+        t: &ToolStep,
+        at: AttemptId,
+        defer_outcome: bool,
+        scope: &RunScope,
+    ) -> Result<(Value, StepEnd), Halt> {
+        let snap = self.snapshot().await;
+        let args = match render_args(&t.args.0, &context(&snap)) {
+            Ok(a) => a,
+            Err(e) => return Ok((Value::Null, StepEnd::Failed(render_failure(e)))),
+        };
+        let end = self
+            .call_tool(def, &t.tool, args.clone(), at, defer_outcome, scope)
+            .await?;
+        Ok((args, end))
+    }
+}

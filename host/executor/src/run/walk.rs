@@ -1,0 +1,254 @@
+//! The walk: top-level steps one at a time in the shape's ready order,
+//! bounded loops, the run's limits and budget between steps, the run's
+//! output, and how the walk's stop becomes a recorded run status.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use poimen_store::{BlobHash, RunStatus};
+
+use super::{
+    Batch, CommitError, Halt, Inconsistency, RunCtx, RunFailure, RunOutcome, StatusChange, StepEnd,
+};
+use crate::episode::{EpisodeEvent, StepStatus};
+use crate::hash::canonical_json;
+use crate::render::{context, eval_predicate, render_args};
+use crate::state::RunState;
+
+impl RunCtx {
+    /// Drives the run until it ends or must wait.
+    pub fn drive(self: Arc<Self>) -> BoxFuture<'static, RunOutcome> {
+        async move {
+            let halt = self.clone().walk().await;
+            self.conclude(halt).await
+        }
+        .boxed()
+    }
+
+    async fn walk(self: Arc<Self>) -> Result<(), Halt> {
+        loop {
+            if self.scope.stopped().is_some() {
+                return Err(Halt::Cancelled);
+            }
+            let snap = self.snapshot().await;
+            match snap.status {
+                Some(RunStatus::Running) => {}
+                Some(RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled) => {
+                    return Ok(());
+                }
+                Some(RunStatus::WaitingJudgment) => return Err(Halt::Waiting),
+                Some(RunStatus::Blocked) => return Err(Halt::Blocked),
+                Some(RunStatus::Queued) | None => {
+                    return Err(Inconsistency::NeverStarted.into());
+                }
+            }
+            self.check_limits(&snap)?;
+            let shape = &self.runnable.shape;
+            let status = |i: usize| {
+                snap.steps
+                    .get(shape.id(i))
+                    .map(|s| s.status)
+                    .unwrap_or_default()
+            };
+            let next = shape.order().iter().copied().find(|&i| match status(i) {
+                StepStatus::Running | StepStatus::Waiting => true,
+                StepStatus::Pending => shape
+                    .predecessors(i)
+                    .iter()
+                    .all(|&p| status(p) == StepStatus::Completed),
+                _ => false,
+            });
+            let Some(next) = next.map(|i| shape.id(i).clone()) else {
+                return self.complete(&snap).await;
+            };
+            match self
+                .clone()
+                .exec_step(next.clone(), None, self.scope.clone())
+                .await?
+            {
+                StepEnd::Completed(_) => self.maybe_loop(&next).await?,
+                StepEnd::Failed(failure) => {
+                    return Err(Halt::Fail(RunFailure::StepFailed {
+                        step: next,
+                        failure,
+                    }));
+                }
+                StepEnd::Lost | StepEnd::Cancelled => return Err(Halt::Cancelled),
+            }
+        }
+    }
+
+    fn check_limits(&self, snap: &RunState) -> Result<(), Halt> {
+        let def = &self.runnable.def;
+        let now = self.kernel.clock.now_ms();
+        let elapsed = u64::try_from(now.saturating_sub(snap.started_at)).unwrap_or(0);
+        let fail = |f: RunFailure| Err(Halt::Fail(f));
+        if let Some(deadline) = def.limits.deadline
+            && elapsed > deadline.0
+        {
+            return fail(RunFailure::Deadline {
+                elapsed_ms: elapsed,
+                limit_ms: deadline.0,
+            });
+        }
+        if let Some(max) = def.budget.wall_time {
+            let active = elapsed.saturating_sub(snap.spent.waiting_ms);
+            if active > max.0 {
+                return fail(RunFailure::WallTime {
+                    active_ms: active,
+                    budget_ms: max.0,
+                });
+            }
+        }
+        if let Some(max) = def.budget.tokens
+            && snap.spent.tokens > max
+        {
+            return fail(RunFailure::Tokens {
+                used: snap.spent.tokens,
+                budget: max,
+            });
+        }
+        if let Some(max) = def.budget.tool_calls
+            && snap.spent.tool_calls > max
+        {
+            return fail(RunFailure::ToolCalls {
+                made: snap.spent.tool_calls,
+                budget: max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the back-edge leaving `from`, if it is bounded and still open.
+    async fn maybe_loop(&self, from: &poimen_workflow::StepId) -> Result<(), Halt> {
+        let shape = &self.runnable.shape;
+        let Some(edge) = shape
+            .lookup(from.as_str())
+            .and_then(|i| shape.back_edge_from(i))
+        else {
+            return Ok(());
+        };
+        let transition = &self.runnable.def.transitions[edge.transition];
+        let Some(max) = transition.max_iterations else {
+            return Ok(());
+        };
+        let snap = self.snapshot().await;
+        let taken = snap.loops.get(from).copied().unwrap_or(0);
+        if taken >= max.get() {
+            return Ok(());
+        }
+        if let Some(when) = &transition.when {
+            let go = eval_predicate(&when.0, &context(&snap)).map_err(|cause| {
+                Halt::Fail(RunFailure::LoopCondition {
+                    from: from.clone(),
+                    to: transition.to.clone(),
+                    cause,
+                })
+            })?;
+            if !go {
+                return Ok(());
+            }
+        }
+        let body = shape
+            .loop_body(edge.from, edge.to)
+            .into_iter()
+            .map(|i| shape.id(i).clone())
+            .collect();
+        self.record(vec![EpisodeEvent::LoopIterated {
+            from: from.clone(),
+            to: transition.to.clone(),
+            taken: taken + 1,
+            body,
+        }])
+        .await?;
+        Ok(())
+    }
+
+    /// All top-level steps completed: build, check and record the output.
+    async fn complete(&self, snap: &RunState) -> Result<(), Halt> {
+        let def = &self.runnable.def;
+        let output = match &def.output {
+            Some(t) => render_args(&t.0, &context(snap))
+                .map_err(|e| Halt::Fail(RunFailure::OutputTemplate(e)))?,
+            None => snap
+                .completed_order
+                .last()
+                .and_then(|s| snap.steps.get(s))
+                .and_then(|s| s.output.clone())
+                .unwrap_or(serde_json::Value::Null),
+        };
+        if let Some(schema) = &def.outputs {
+            crate::schema::check(schema, &output)
+                .map_err(|v| Halt::Fail(RunFailure::OutputSchema(v)))?;
+        }
+        let bytes = canonical_json(&output);
+        let blob = BlobHash::of(&bytes);
+        self.commit(Batch {
+            blobs: vec![bytes],
+            ..Batch::status(
+                vec![EpisodeEvent::RunCompleted {
+                    output,
+                    output_hash: blob.to_string(),
+                }],
+                StatusChange {
+                    status: RunStatus::Completed,
+                    reason: None,
+                    output_hash: Some(blob),
+                },
+            )
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Turns how the walk stopped into a recorded run status.
+    async fn conclude(&self, result: Result<(), Halt>) -> RunOutcome {
+        let written = match result {
+            Ok(()) | Err(Halt::Waiting) | Err(Halt::Blocked) => Ok(()),
+            Err(Halt::Cancelled) => {
+                let reason = "cancelled by request".to_owned();
+                self.commit(Batch::status(
+                    vec![EpisodeEvent::RunCancelled {
+                        reason: reason.clone(),
+                    }],
+                    StatusChange::because(RunStatus::Cancelled, reason),
+                ))
+                .await
+                .map_err(Halt::from)
+            }
+            Err(Halt::Fail(failure)) => self.fail(failure).await.map_err(Halt::from),
+            Err(Halt::Inconsistent(e)) => self
+                .fail(RunFailure::Inconsistent(e))
+                .await
+                .map_err(Halt::from),
+            Err(h @ Halt::Store(_)) => Err(h),
+        };
+        let mut outcome = RunOutcome::of(&self.run, self.snapshot().await);
+        match written {
+            Ok(()) => {}
+            // The store cannot take writes: report the cause; the stored run
+            // keeps its last recorded status (never a false success) and is
+            // recovered when the store is writable again.
+            Err(Halt::Store(e)) => {
+                outcome.reason = Some(format!(
+                    "the store refused a write, the run stopped where its episode ends: {e}"
+                ));
+            }
+            Err(other) => outcome.reason = Some(format!("{other:?}")),
+        }
+        outcome
+    }
+
+    async fn fail(&self, failure: RunFailure) -> Result<(), CommitError> {
+        let reason = failure.to_string();
+        self.commit(Batch::status(
+            vec![EpisodeEvent::RunFailed {
+                reason: reason.clone(),
+                step: failure.step().cloned(),
+            }],
+            StatusChange::because(RunStatus::Failed, reason),
+        ))
+        .await
+    }
+}

@@ -1,0 +1,403 @@
+//! Scripted implementations of the executor's effect traits: tools and
+//! verifiers answered by closures ([`ScriptedTools`]), a clock that moves
+//! only when told ([`ManualClock`]), and a loader of workflows held in
+//! memory ([`MemoryLoader`]). With `poimen_store::MemoryStore` they run the
+//! whole walk — every step kind, joins, retries with backoff, loops,
+//! budgets, cancellation — in milliseconds, without wasmtime, a database
+//! or a network. Embedders use them in their own tests too.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use poimen_workflow::{
+    EffectClass, MemoryRegistry, MemoryWorkflows, Registries, ToolInfo, ToolRef, ToolRegistry,
+    Unresolved, ValidationError, VerifierRegistry, WorkflowDef, WorkflowVersion,
+};
+use serde_json::Value;
+
+use crate::effects::{
+    Clock, Failure, FailureClass, Sleep, ToolCall, ToolHost, ToolIdentity, ToolResult, Verdict,
+    VerifierCall, VerifierResult,
+};
+use crate::runnable::{Runnable, WorkflowLoader};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ------------------------------------------------------------------ clock
+
+/// A clock that moves only when told (or, in auto mode, exactly as far as
+/// each sleep asks): runs see deterministic timestamps, and backoff costs no
+/// wall time.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: AtomicI64,
+    auto: bool,
+    sleepers: Mutex<Vec<(i64, tokio::sync::oneshot::Sender<()>)>>,
+    slept: Mutex<Vec<Duration>>,
+}
+
+impl ManualClock {
+    fn with(start_ms: i64, auto: bool) -> Arc<ManualClock> {
+        Arc::new(ManualClock {
+            now: AtomicI64::new(start_ms),
+            auto,
+            sleepers: Mutex::new(Vec::new()),
+            slept: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A clock at `start_ms` that moves only on [`ManualClock::advance`]; a
+    /// sleep waits until the clock has been advanced past its end.
+    pub fn new(start_ms: i64) -> Arc<ManualClock> {
+        ManualClock::with(start_ms, false)
+    }
+
+    /// A clock at `start_ms` where every sleep moves the clock forward by
+    /// its duration and returns at once.
+    pub fn auto(start_ms: i64) -> Arc<ManualClock> {
+        ManualClock::with(start_ms, true)
+    }
+
+    /// Moves the clock forward, waking every sleep that has ended.
+    pub fn advance(&self, by: Duration) {
+        let now = self
+            .now
+            .fetch_add(millis(by), Ordering::SeqCst)
+            .saturating_add(millis(by));
+        let mut sleepers = lock(&self.sleepers);
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            sleepers.drain(..).partition(|(until, _)| *until <= now);
+        *sleepers = waiting;
+        for (_, wake) in due {
+            let _ = wake.send(());
+        }
+    }
+
+    /// Sleeps waiting for the clock to move.
+    pub fn sleeping(&self) -> usize {
+        lock(&self.sleepers).len()
+    }
+
+    /// Every sleep asked for, in order.
+    pub fn slept(&self) -> Vec<Duration> {
+        lock(&self.slept).clone()
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        lock(&self.slept).push(duration);
+        if self.auto {
+            self.now.fetch_add(millis(duration), Ordering::SeqCst);
+            return Box::pin(std::future::ready(()));
+        }
+        let until = self.now_ms().saturating_add(millis(duration));
+        if until <= self.now_ms() {
+            return Box::pin(std::future::ready(()));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.sleepers).push((until, tx));
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+// ------------------------------------------------------------------ tools
+
+type Behaviour = dyn Fn(&ToolCall, u32) -> Result<Value, Failure> + Send + Sync;
+type Judge = dyn Fn(&VerifierCall) -> Verdict + Send + Sync;
+
+enum Act {
+    /// Answers at once.
+    Answer(Arc<Behaviour>),
+    /// Never answers; only dropping the call ends it.
+    Hang,
+}
+
+/// Tools and verifiers answered by closures, with every call recorded.
+pub struct ScriptedTools {
+    tools: MemoryRegistry,
+    verifiers: MemoryRegistry,
+    acts: BTreeMap<String, Act>,
+    judges: BTreeMap<String, Arc<Judge>>,
+    calls: Mutex<Vec<ToolCall>>,
+    per_tool: Mutex<BTreeMap<String, u32>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for ScriptedTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptedTools")
+            .field("tools", &self.acts.keys().collect::<Vec<_>>())
+            .field("verifiers", &self.judges.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ScriptedTools {
+    fn default() -> Self {
+        ScriptedTools::new()
+    }
+}
+
+/// The identity a scripted component gets: its digest is the Blake3 of
+/// `name@version`.
+fn info(name: &str, effect: EffectClass) -> ToolInfo {
+    ToolInfo {
+        name: name.to_owned(),
+        version: semver::Version::new(1, 0, 0),
+        digest: format!(
+            "b3:{}",
+            blake3::hash(format!("{name}@1.0.0").as_bytes()).to_hex()
+        ),
+        description: format!("scripted `{name}`"),
+        input_schema: Value::Bool(true),
+        output_schema: Value::Bool(true),
+        capabilities: Vec::new(),
+        effect,
+    }
+}
+
+impl ScriptedTools {
+    pub fn new() -> ScriptedTools {
+        ScriptedTools {
+            tools: MemoryRegistry::new("scripted tools"),
+            verifiers: MemoryRegistry::new("scripted verifiers"),
+            acts: BTreeMap::new(),
+            judges: BTreeMap::new(),
+            calls: Mutex::new(Vec::new()),
+            per_tool: Mutex::new(BTreeMap::new()),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// A tool `name` at version 1.0.0: `answer` gets the call and how many
+    /// calls of this tool came before it (0 for the first).
+    pub fn tool(
+        mut self,
+        name: &str,
+        effect: EffectClass,
+        answer: impl Fn(&ToolCall, u32) -> Result<Value, Failure> + Send + Sync + 'static,
+    ) -> ScriptedTools {
+        self.tools.insert(info(name, effect));
+        self.acts
+            .insert(name.to_owned(), Act::Answer(Arc::new(answer)));
+        self
+    }
+
+    /// A pure tool answering its arguments back.
+    pub fn echo(self, name: &str) -> ScriptedTools {
+        self.tool(name, EffectClass::Pure, |call, _| Ok(call.args.clone()))
+    }
+
+    /// A pure tool that fails `failures` times (with `class`), then echoes.
+    pub fn flaky(self, name: &str, failures: u32, class: FailureClass) -> ScriptedTools {
+        self.tool(name, EffectClass::Pure, move |call, n| {
+            if n < failures {
+                Err(Failure::new(class, format!("scripted failure {}", n + 1)))
+            } else {
+                Ok(call.args.clone())
+            }
+        })
+    }
+
+    /// A tool whose calls never answer: only cancelling them ends them.
+    pub fn hanging(mut self, name: &str) -> ScriptedTools {
+        self.tools.insert(info(name, EffectClass::Pure));
+        self.acts.insert(name.to_owned(), Act::Hang);
+        self
+    }
+
+    /// A verifier `name` at version 1.0.0.
+    pub fn verifier(
+        mut self,
+        name: &str,
+        judge: impl Fn(&VerifierCall) -> Verdict + Send + Sync + 'static,
+    ) -> ScriptedTools {
+        self.verifiers.insert(info(name, EffectClass::Pure));
+        self.judges.insert(name.to_owned(), Arc::new(judge));
+        self
+    }
+
+    /// Every tool call made, in order.
+    pub fn calls(&self) -> Vec<ToolCall> {
+        lock(&self.calls).clone()
+    }
+
+    /// Calls of one tool.
+    pub fn calls_of(&self, name: &str) -> Vec<ToolCall> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.tool.name == name)
+            .collect()
+    }
+
+    /// Tool calls running right now (a cancelled call stops counting when
+    /// its future is dropped).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+impl ToolRegistry for ScriptedTools {
+    fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.tools.resolve(tool)
+    }
+}
+
+impl VerifierRegistry for ScriptedTools {
+    fn resolve_verifier(&self, verifier: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.verifiers.resolve(verifier)
+    }
+}
+
+fn identity(info: ToolInfo) -> ToolIdentity {
+    ToolIdentity {
+        name: info.name,
+        version: info.version.to_string(),
+        digest: info.digest,
+    }
+}
+
+fn unresolved(what: &str, r: &ToolRef) -> Failure {
+    Failure::new(
+        FailureClass::Unavailable,
+        format!("{what} `{r}` is not scripted"),
+    )
+}
+
+/// Counts a call as in flight until it is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl ToolHost for ScriptedTools {
+    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure> {
+        let info = self
+            .tools
+            .resolve(tool)
+            .map_err(|_| unresolved("tool", tool))?;
+        let effect = info.effect;
+        Ok((identity(info), effect))
+    }
+
+    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure> {
+        self.verifiers
+            .resolve(verifier)
+            .map(identity)
+            .map_err(|_| unresolved("verifier", verifier))
+    }
+
+    async fn invoke(&self, call: ToolCall) -> ToolResult {
+        lock(&self.calls).push(call.clone());
+        let n = {
+            let mut per = lock(&self.per_tool);
+            let n = per.entry(call.tool.name.clone()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _guard = InFlight(self.in_flight.clone());
+        let outcome = match self.acts.get(&call.tool.name) {
+            Some(Act::Answer(answer)) => answer(&call, n),
+            Some(Act::Hang) => std::future::pending().await,
+            None => Err(Failure::new(
+                FailureClass::Unavailable,
+                format!("tool `{}` is not scripted", call.tool.name),
+            )),
+        };
+        ToolResult {
+            record: serde_json::json!({
+                "scripted": call.tool.name,
+                "call": n,
+                "idempotency_key": call.idempotency_key,
+            }),
+            outcome,
+            capabilities: Vec::new(),
+        }
+    }
+
+    async fn verify(&self, call: VerifierCall) -> VerifierResult {
+        let outcome = match self.judges.get(&call.verifier.name) {
+            Some(judge) => Ok(judge(&call)),
+            None => Err(Failure::new(
+                FailureClass::Unavailable,
+                format!("verifier `{}` is not scripted", call.verifier.name),
+            )),
+        };
+        VerifierResult {
+            outcome,
+            record: serde_json::json!({"scripted": call.verifier.name}),
+        }
+    }
+}
+
+// ----------------------------------------------------------------- loader
+
+/// Workflows validated against a [`ScriptedTools`] and held in memory.
+#[derive(Debug, Default)]
+pub struct MemoryLoader {
+    workflows: Mutex<MemoryWorkflows>,
+    runnables: Mutex<BTreeMap<WorkflowVersion, Arc<Runnable>>>,
+}
+
+impl MemoryLoader {
+    pub fn new() -> Arc<MemoryLoader> {
+        Arc::new(MemoryLoader::default())
+    }
+
+    /// Validates `def` against `tools` and the workflows added before it
+    /// (its sub-workflows), and keeps it.
+    pub fn add(
+        &self,
+        def: &WorkflowDef,
+        tools: &ScriptedTools,
+    ) -> Result<Arc<Runnable>, Vec<ValidationError>> {
+        let validated = {
+            let workflows = lock(&self.workflows);
+            poimen_workflow::validate(
+                def,
+                &Registries {
+                    tools,
+                    verifiers: tools,
+                    workflows: &*workflows,
+                },
+            )?
+        };
+        let runnable = Arc::new(Runnable::new(validated));
+        lock(&self.workflows).insert(runnable.version, def.clone());
+        lock(&self.runnables).insert(runnable.version, runnable.clone());
+        Ok(runnable)
+    }
+}
+
+#[async_trait]
+impl WorkflowLoader for MemoryLoader {
+    async fn load(&self, version: &WorkflowVersion) -> Result<Arc<Runnable>, Failure> {
+        lock(&self.runnables).get(version).cloned().ok_or_else(|| {
+            Failure::new(
+                FailureClass::Unavailable,
+                format!("version {version} is not held by this loader"),
+            )
+        })
+    }
+}

@@ -1,0 +1,684 @@
+//! The walk, tested through the executor's traits: scripted tools and
+//! verifiers, a manual clock, an in-memory store, a scripted model. No
+//! wasmtime, no database, no network — every case runs in milliseconds.
+//!
+//! One table of workflows with what each must come to (status, structure,
+//! intents, clock), then the cases a table cannot say: cancellation in
+//! flight, a judgment's pause and answer, an operator's retry. Every run's
+//! live state is checked against a refold of its stored episode.
+//! (`cargo test -p poimen-executor walk`.)
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use poimen_executor::model::{Rule, ScriptedProvider};
+use poimen_executor::testing::{ManualClock, MemoryLoader, ScriptedTools};
+use poimen_executor::{
+    Executor, ExecutorConfig, FailureClass, JudgmentSubmission, RunOutcome, StartOptions,
+    StepStatus, Verdict, assert_refold_identical, structure,
+};
+use poimen_store::{IntentPhase, MemoryStore, RunStatus, Store};
+use poimen_workflow::*;
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------- harness
+
+struct Kernel {
+    store: Arc<MemoryStore>,
+    tools: Arc<ScriptedTools>,
+    clock: Arc<ManualClock>,
+    loader: Arc<MemoryLoader>,
+    exec: Executor,
+}
+
+fn tools() -> ScriptedTools {
+    ScriptedTools::new()
+        .echo("echo")
+        .flaky("flaky", 2, FailureClass::Failed)
+        .flaky("broken", u32::MAX, FailureClass::Failed)
+        .flaky("picky", u32::MAX, FailureClass::InvalidInput)
+        .hanging("hang")
+        .verifier("nonempty", |call| Verdict {
+            pass: call.output != json!({}) && !call.output.is_null(),
+            score: 1.0,
+            reason: "the output is empty".into(),
+        })
+        .verifier("never", |_| Verdict {
+            pass: false,
+            score: 0.0,
+            reason: "never satisfied".into(),
+        })
+}
+
+fn kernel_with(tools: ScriptedTools, clock: Arc<ManualClock>) -> Kernel {
+    let store = Arc::new(MemoryStore::new());
+    let tools = Arc::new(tools);
+    let loader = MemoryLoader::new();
+    let models = Arc::new(ScriptedProvider::new(vec![
+        Rule::contains("Classify", "billing"),
+        Rule::contains("", "ok"),
+    ]));
+    let exec = Executor::new(
+        store.clone(),
+        tools.clone(),
+        models,
+        clock.clone(),
+        loader.clone(),
+        ExecutorConfig::default(),
+    );
+    Kernel {
+        store,
+        tools,
+        clock,
+        loader,
+        exec,
+    }
+}
+
+fn kernel() -> Kernel {
+    kernel_with(tools(), ManualClock::auto(1_000_000))
+}
+
+fn r(name: &str) -> ToolRef {
+    format!("{name}@^1").parse().expect("tool ref")
+}
+
+impl Kernel {
+    fn add(&self, def: &WorkflowDef) -> Arc<poimen_executor::Runnable> {
+        self.loader
+            .add(def, &self.tools)
+            .unwrap_or_else(|e| panic!("{} does not validate: {e:?}", def.id))
+    }
+
+    async fn run(&self, def: &WorkflowDef, input: Value) -> RunOutcome {
+        let runnable = self.add(def);
+        let out = self
+            .exec
+            .run(runnable, input, StartOptions::default())
+            .await
+            .expect("the run starts");
+        self.check_refold(&out).await;
+        out
+    }
+
+    async fn check_refold(&self, out: &RunOutcome) {
+        let episode = self.exec.episode(&out.run).await.expect("episode");
+        assert_refold_identical(&out.state, &episode).expect("refold equals the live state");
+    }
+
+    async fn structure(&self, out: &RunOutcome) -> Vec<String> {
+        structure(&self.exec.episode(&out.run).await.expect("episode"))
+    }
+
+    async fn phases(&self, out: &RunOutcome, step: &str) -> Vec<IntentPhase> {
+        self.store
+            .intents(&out.run)
+            .await
+            .expect("intents")
+            .into_iter()
+            .filter(|i| i.step.as_str() == step)
+            .map(|i| i.phase)
+            .collect()
+    }
+}
+
+fn one_tool(tool: &str) -> WorkflowDef {
+    WorkflowDef::new("t.one").with_step(StepDef::tool("a", r(tool), json!({"x": 1})))
+}
+
+fn retried(tool: &str, attempts: u32) -> WorkflowDef {
+    WorkflowDef::new("t.retry").with_step(
+        StepDef::tool("a", r(tool), json!({"x": 1}))
+            .with_retry(RetryPolicy::attempts(attempts).with_backoff(Millis(100))),
+    )
+}
+
+fn parallel(join: JoinPolicy, second: &str) -> WorkflowDef {
+    WorkflowDef::new("t.par")
+        .with_state(
+            "seen",
+            StateDecl::reduced(Reducer::Append).with_schema(json!({"type": "array"})),
+        )
+        .with_step(StepDef::parallel("fan", ["left", "right"]).with_join(join))
+        .with_step(StepDef::tool("left", r("echo"), json!("L")).with_writes("seen"))
+        .with_step(StepDef::tool("right", r(second), json!("R")).with_writes("seen"))
+}
+
+fn conditional() -> WorkflowDef {
+    WorkflowDef::new("t.cond")
+        .with_inputs(json!({"type": "object", "properties": {"go": {"type": "boolean"}}}))
+        .with_step(StepDef::conditional("route", "inputs.go", "yes").with_otherwise("no"))
+        .with_step(StepDef::tool("yes", r("echo"), json!("took yes")))
+        .with_step(StepDef::tool("no", r("echo"), json!("took no")))
+}
+
+fn looped() -> WorkflowDef {
+    WorkflowDef::new("t.loop")
+        .with_step(StepDef::tool("a", r("echo"), json!(1)))
+        .with_step(StepDef::tool("b", r("echo"), json!(2)))
+        .with_edge("a", "b")
+        .with_transition(Transition::back("b", "a", NonZeroU32::new(2).expect("2")))
+}
+
+fn chain(n: usize) -> WorkflowDef {
+    let mut def = WorkflowDef::new("t.chain");
+    for i in 0..n {
+        def = def.with_step(StepDef::tool(
+            format!("s{i}").as_str(),
+            r("echo"),
+            json!({ "i": i }),
+        ));
+        if i > 0 {
+            def = def.with_edge(format!("s{}", i - 1), format!("s{i}"));
+        }
+    }
+    def
+}
+
+// ------------------------------------------------------------------ table
+
+/// What a case must come to.
+struct Expect {
+    status: RunStatus,
+    /// Text the run's reason must contain.
+    reason: Option<&'static str>,
+    output: Option<Value>,
+    /// Lines the episode's structure must contain, in this order.
+    structure: &'static [&'static str],
+    /// Intent phases of step `a`, if checked.
+    intents_of_a: Option<&'static [IntentPhase]>,
+    /// Sleeps the run asked the clock for.
+    slept_ms: &'static [u64],
+    /// Calls the scripted tools received.
+    tool_calls: usize,
+}
+
+const NONE: Expect = Expect {
+    status: RunStatus::Completed,
+    reason: None,
+    output: None,
+    structure: &[],
+    intents_of_a: None,
+    slept_ms: &[],
+    tool_calls: 0,
+};
+
+fn cases() -> Vec<(&'static str, WorkflowDef, Value, Expect)> {
+    use IntentPhase::*;
+    vec![
+        (
+            "tool step: three intents and a first-class tool call",
+            one_tool("echo"),
+            json!({}),
+            Expect {
+                output: Some(json!({"x": 1})),
+                structure: &[
+                    "step_started step=a iteration=1",
+                    "tool_called step=a iteration=1 attempt=1",
+                    "step_finished step=a iteration=1 status=completed",
+                    "run_completed",
+                ],
+                intents_of_a: Some(&[Pending, Dispatched, Committed]),
+                tool_calls: 1,
+                ..NONE
+            },
+        ),
+        (
+            "retries with backoff under the clock, then success",
+            retried("flaky", 3),
+            json!({}),
+            Expect {
+                output: Some(json!({"x": 1})),
+                structure: &[
+                    "attempt_finished step=a iteration=1 attempt=1",
+                    "attempt_started step=a iteration=1 attempt=2",
+                    "attempt_started step=a iteration=1 attempt=3",
+                    "step_finished step=a iteration=1 status=completed",
+                ],
+                intents_of_a: Some(&[
+                    Pending, Dispatched, Failed, Pending, Dispatched, Failed, Pending, Dispatched,
+                    Committed,
+                ]),
+                slept_ms: &[100, 200],
+                tool_calls: 3,
+                ..NONE
+            },
+        ),
+        (
+            "retries exhausted fail the run naming the step",
+            retried("broken", 2),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("step `a` failed: failed: scripted failure 2"),
+                structure: &[
+                    "step_finished step=a iteration=1 status=failed",
+                    "run_failed",
+                ],
+                slept_ms: &[100],
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "invalid input is never retried",
+            retried("picky", 3),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("invalid input: scripted failure 1"),
+                tool_calls: 1,
+                ..NONE
+            },
+        ),
+        (
+            "parallel join all: both branches, writes in branch order",
+            parallel(JoinPolicy::All, "echo"),
+            json!({}),
+            Expect {
+                output: Some(json!({"left": "L", "right": "R"})),
+                structure: &[
+                    "branches_forked step=fan iteration=1",
+                    "branches_joined step=fan iteration=1",
+                    "state_written",
+                    "state_written",
+                    "step_finished step=fan iteration=1 status=completed",
+                ],
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "parallel join any: the hanging loser is cancelled",
+            parallel(JoinPolicy::Any, "hang"),
+            json!({}),
+            Expect {
+                output: Some(json!({"left": "L"})),
+                structure: &[
+                    "step_finished step=right iteration=1 status=lost",
+                    "branches_joined step=fan iteration=1",
+                ],
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "parallel join all fails when a branch fails",
+            parallel(JoinPolicy::All, "broken"),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("1 of 2 needed branches succeeded"),
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "conditional: the then arm, the other skipped",
+            conditional(),
+            json!({"go": true}),
+            Expect {
+                output: Some(json!("took yes")),
+                structure: &[
+                    "condition_evaluated step=route iteration=1",
+                    "step_finished step=no iteration=0 status=skipped",
+                    "step_finished step=yes iteration=1 status=completed",
+                ],
+                tool_calls: 1,
+                ..NONE
+            },
+        ),
+        (
+            "conditional: the otherwise arm",
+            conditional(),
+            json!({"go": false}),
+            Expect {
+                output: Some(json!("took no")),
+                structure: &["step_finished step=yes iteration=0 status=skipped"],
+                tool_calls: 1,
+                ..NONE
+            },
+        ),
+        (
+            "a bounded loop runs its body again",
+            looped(),
+            json!({}),
+            Expect {
+                structure: &[
+                    "step_finished step=b iteration=1 status=completed",
+                    "loop_iterated",
+                    "step_started step=a iteration=2",
+                    "loop_iterated",
+                    "step_started step=a iteration=3",
+                    "step_finished step=b iteration=3 status=completed",
+                ],
+                tool_calls: 6,
+                ..NONE
+            },
+        ),
+        (
+            "a verifier's rejection retries, then fails the run",
+            WorkflowDef::new("t.verify").with_step(
+                StepDef::tool("a", r("echo"), json!({"x": 1}))
+                    .with_verifier(r("never"), Value::Null)
+                    .with_retry(RetryPolicy::attempts(2)),
+            ),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("`never` rejected it: never satisfied"),
+                structure: &[
+                    "verified step=a iteration=1 attempt=1",
+                    "verified step=a iteration=1 attempt=2",
+                ],
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "a tool-call budget stops the run before the call over it",
+            chain(3).with_budget(BudgetDef {
+                tool_calls: Some(2),
+                ..BudgetDef::default()
+            }),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("the run may make 2 tool calls and step `s2` would make one more"),
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "a step limit stops the run",
+            chain(3).with_limits(Limits {
+                steps: Some(2),
+                ..Limits::default()
+            }),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("the run has executed 2 steps, its limit is 2"),
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "a deadline passed during backoff fails the run at the next step",
+            retried("flaky", 3)
+                .with_step(StepDef::tool("b", r("echo"), json!(2)))
+                .with_edge("a", "b")
+                .with_limits(Limits {
+                    deadline: Some(Millis(250)),
+                    ..Limits::default()
+                }),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some(
+                    "deadline exceeded: the run started 300 ms ago and its limit is 250 ms",
+                ),
+                slept_ms: &[100, 200],
+                tool_calls: 3,
+                ..NONE
+            },
+        ),
+        (
+            "a model step renders its prompt from recorded state",
+            WorkflowDef::new("t.model")
+                .with_step(StepDef::model("classify", "Classify: {{ inputs.text }}")),
+            json!({"text": "refund"}),
+            Expect {
+                output: Some(json!("billing")),
+                structure: &["model_called step=classify iteration=1 attempt=1"],
+                ..NONE
+            },
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn walk_table() {
+    for (name, def, input, want) in cases() {
+        let k = kernel();
+        let out = k.run(&def, input).await;
+        assert_eq!(out.status, want.status, "{name}: {:?}", out.reason);
+        if let Some(reason) = want.reason {
+            let got = out.reason.clone().unwrap_or_default();
+            assert!(got.contains(reason), "{name}: reason {got:?}");
+        }
+        if let Some(output) = &want.output {
+            assert_eq!(out.output.as_ref(), Some(output), "{name}");
+        }
+        let lines = k.structure(&out).await;
+        let mut at = 0;
+        for expected in want.structure {
+            match lines[at..].iter().position(|l| l.starts_with(expected)) {
+                Some(p) => at += p + 1,
+                None => panic!("{name}: `{expected}` not found (in order) in {lines:#?}"),
+            }
+        }
+        if let Some(phases) = want.intents_of_a {
+            assert_eq!(k.phases(&out, "a").await, phases, "{name}");
+        }
+        let slept: Vec<u64> = k
+            .clock
+            .slept()
+            .into_iter()
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .collect();
+        assert_eq!(slept, want.slept_ms, "{name}");
+        assert_eq!(k.tools.calls().len(), want.tool_calls, "{name}");
+        assert_eq!(k.tools.in_flight(), 0, "{name}: a call was left running");
+    }
+}
+
+// ---------------------------------------------------- beyond the table
+
+#[tokio::test]
+async fn walk_serial_spine_and_stable_idempotency_keys() {
+    let k = kernel();
+    let out = k.run(&retried("flaky", 3), json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed);
+    // Every attempt of one step execution carries the same key.
+    let keys: Vec<String> = k
+        .tools
+        .calls()
+        .into_iter()
+        .map(|c| c.idempotency_key)
+        .collect();
+    assert_eq!(keys.len(), 3);
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "{keys:?}");
+    // A ten-step chain records exactly one start and one end per step, in order.
+    let out = k.run(&chain(10), json!({})).await;
+    let starts: Vec<String> = k
+        .structure(&out)
+        .await
+        .into_iter()
+        .filter(|l| l.starts_with("step_started"))
+        .collect();
+    let expected: Vec<String> = (0..10)
+        .map(|i| format!("step_started step=s{i} iteration=1"))
+        .collect();
+    assert_eq!(starts, expected);
+}
+
+#[tokio::test]
+async fn walk_cancel_in_flight_stops_the_guest_and_closes_the_intent() {
+    let k = kernel();
+    let def = WorkflowDef::new("t.hang").with_step(StepDef::tool("a", r("hang"), json!(null)));
+    let runnable = k.add(&def);
+    let started = k
+        .exec
+        .start(runnable, json!({}), StartOptions::default())
+        .await
+        .expect("start");
+    let exec = k.exec.clone();
+    let run = started.run.clone();
+    let driver = tokio::spawn(async move { exec.resume(&run).await });
+    while k.tools.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let rec = k.exec.cancel(&started.run, "test").await.expect("cancel");
+    assert_eq!(rec.status, RunStatus::Cancelled);
+    let out = driver.await.expect("driver").expect("outcome");
+    assert_eq!(out.status, RunStatus::Cancelled);
+    assert_eq!(k.tools.in_flight(), 0, "the guest call was dropped");
+    assert_eq!(
+        k.phases(&out, "a").await,
+        [
+            IntentPhase::Pending,
+            IntentPhase::Dispatched,
+            IntentPhase::Failed
+        ]
+    );
+    let st = &out.state.steps[&StepId::from("a")];
+    assert_eq!(st.status, StepStatus::Cancelled);
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_backoff_waits_for_the_clock() {
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let runnable = k.add(&retried("flaky", 2));
+    let exec = k.exec.clone();
+    let driver =
+        tokio::spawn(async move { exec.run(runnable, json!({}), StartOptions::default()).await });
+    // The first attempt fails; the retry sleeps until the clock moves.
+    while k.clock.sleeping() == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(k.tools.calls().len(), 1);
+    k.clock.advance(Duration::from_millis(99));
+    tokio::task::yield_now().await;
+    assert_eq!(k.tools.calls().len(), 1, "not before the backoff ends");
+    k.clock.advance(Duration::from_millis(1));
+    let out = driver.await.expect("driver").expect("outcome");
+    // `flaky` fails twice; two attempts are not enough.
+    assert_eq!(out.status, RunStatus::Failed);
+    assert_eq!(k.tools.calls().len(), 2);
+}
+
+#[tokio::test]
+async fn walk_judgment_pauses_until_answered() {
+    let k = kernel();
+    let def = WorkflowDef::new("t.judge")
+        .with_step(StepDef::tool("a", r("echo"), json!({"amount": 40})))
+        .with_step(StepDef::judgment(
+            "ok",
+            "Refund {{ steps.a.output.amount }}?",
+            json!({"type": "boolean"}),
+        ))
+        .with_edge("a", "ok");
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment);
+    let open = k.exec.open_judgments().await.expect("judgments");
+    assert_eq!(open.len(), 1);
+    let j = &open[0];
+    assert_eq!(j.request["question"], json!("Refund 40?"));
+    let answer = |result: Value| JudgmentSubmission {
+        request_hash: j.request_hash.clone(),
+        result,
+        executor: None,
+        profile: None,
+        provenance: json!({"judge": "test"}),
+    };
+    let refused = k
+        .exec
+        .submit_judgment(j.id.as_str(), answer(json!("yes")))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(poimen_executor::JudgmentError::ResultSchema { .. })
+        ),
+        "{refused:?}"
+    );
+    let out = k
+        .exec
+        .submit_judgment(j.id.as_str(), answer(json!(true)))
+        .await
+        .expect("answered");
+    assert_eq!(out.status, RunStatus::Completed);
+    assert_eq!(out.output, Some(json!(true)));
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_sub_workflow_links_both_ways() {
+    let k = kernel();
+    let child = WorkflowDef::new("t.child").with_step(StepDef::tool(
+        "c",
+        r("echo"),
+        json!("{{ inputs.word }}"),
+    ));
+    k.add(&child);
+    let mut step = StepDef::sub_workflow("call", "t.child");
+    if let StepKind::SubWorkflow(s) = &mut step.kind {
+        s.input = ArgTemplate(json!({"word": "hi"}));
+    }
+    let parent = WorkflowDef::new("t.parent").with_step(step);
+    let out = k.run(&parent, json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(out.output, Some(json!("hi")));
+    let link = out.state.steps[&StepId::from("call")]
+        .child
+        .clone()
+        .expect("linked");
+    let child_rec = k.exec.status(&link.run).await.expect("child");
+    assert_eq!(child_rec.parent.map(|p| p.0), Some(out.run.clone()));
+    assert_eq!(child_rec.status, RunStatus::Completed);
+}
+
+#[tokio::test]
+async fn walk_retry_from_a_step_runs_it_again_as_a_new_iteration() {
+    // `gate` fails its first call: the run fails at s1, and a retry from s0
+    // runs s0, s1 and s2 again as new iterations.
+    let k = kernel_with(tools_gate(), ManualClock::auto(0));
+    let def = chain(3)
+        .with_step(StepDef::tool("s3", r("gate"), json!(3)))
+        .with_edge("s2", "s3");
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let again = k
+        .exec
+        .retry(&out.run, Some(StepId::from("s1")))
+        .await
+        .expect("retry");
+    assert_eq!(again.status, RunStatus::Completed, "{:?}", again.reason);
+    let st = &again.state.steps;
+    assert_eq!(st[&StepId::from("s0")].iteration, 1);
+    assert_eq!(st[&StepId::from("s1")].iteration, 2);
+    assert_eq!(st[&StepId::from("s3")].iteration, 2);
+    assert_eq!(k.tools.calls().len(), 4 + 3);
+    k.check_refold(&again).await;
+    // A completed run is final; a step that is not top-level is named.
+    let refused = k.exec.retry(&again.run, None).await;
+    assert!(
+        matches!(
+            refused,
+            Err(poimen_executor::OperatorError::WrongStatus {
+                status: RunStatus::Completed,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let failed = k.run(&def, json!({})).await;
+    assert_eq!(failed.status, RunStatus::Completed, "`gate` now passes");
+    let k = kernel_with(tools_gate(), ManualClock::auto(0));
+    let out = k.run(&def, json!({})).await;
+    let refused = k.exec.retry(&out.run, Some(StepId::from("nope"))).await;
+    assert!(
+        matches!(
+            refused,
+            Err(poimen_executor::OperatorError::NotTopLevel { ref top_level, .. }) if top_level.len() == 4
+        ),
+        "{refused:?}"
+    );
+}
+
+fn tools_gate() -> ScriptedTools {
+    tools().flaky("gate", 1, FailureClass::Failed)
+}

@@ -1,0 +1,52 @@
+//! The one place the crates are wired into a running kernel: the sandbox
+//! as the executor's `ToolHost` ([`crate::tools::SandboxTools`]), stored
+//! versions as its `WorkflowLoader` ([`crate::loader::StoreLoader`]), and an
+//! `Executor` over them. The host, shadow evaluation, the integration tests
+//! and the benchmarks all build their kernels here.
+
+use std::sync::Arc;
+
+use poimen_executor::{Clock, Executor, ExecutorConfig, ModelProvider};
+use poimen_sandbox::PluginHost;
+use poimen_store::Store;
+
+use crate::loader::StoreLoader;
+use crate::tools::SandboxTools;
+
+/// A store, a plugin host and an executor over them.
+#[derive(Debug, Clone)]
+pub struct Wiring {
+    pub store: Arc<dyn Store>,
+    pub sandbox: PluginHost,
+    pub loader: Arc<StoreLoader>,
+    pub executor: Executor,
+}
+
+impl Wiring {
+    /// Wires an executor over `store` and `sandbox`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        sandbox: PluginHost,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        host_id: impl Into<String>,
+    ) -> Wiring {
+        let loader = Arc::new(StoreLoader::new(store.clone(), sandbox.clone()));
+        let executor = Executor::new(
+            store.clone(),
+            Arc::new(SandboxTools::new(sandbox.clone())),
+            models,
+            clock,
+            loader.clone(),
+            ExecutorConfig {
+                host_id: host_id.into(),
+            },
+        );
+        Wiring {
+            store,
+            sandbox,
+            loader,
+            executor,
+        }
+    }
+}

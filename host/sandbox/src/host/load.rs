@@ -1,0 +1,370 @@
+//! Loading a component: compile it (or read the compile cache), check its
+//! imports against the capabilities it declares and those against the
+//! policy, call `describe`, and register it — or withhold it, naming the
+//! grant it lacks.
+
+use std::sync::PoisonError;
+use std::time::Instant;
+
+use poimen_workflow::{Capability, EffectClass, ToolInfo, shadow_eligibility};
+use serde_json::Value;
+use wasmtime::component::Component;
+
+use super::PluginHost;
+use super::call::Inspection;
+use super::guest::{GuestCall, Returned};
+use super::invoke::canonical;
+use crate::bindings::{self, Descriptor, ToolPre, VerifierPre};
+use crate::engine;
+use crate::error::{InvokeError, LoadError};
+use crate::imports::{self, Import, ImportProblem};
+use crate::record::{CallKind, HostcallRecord, Outcome, ToolIdentity, WIT_PACKAGE, b3};
+use crate::registry::{Loaded, PluginKind, Pre};
+use crate::state;
+
+/// A registry name: lowercase letters, digits and `-`, starting with a
+/// letter or digit.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+}
+
+fn descriptor_info(origin: &str, d: Descriptor, digest: &str) -> Result<ToolInfo, LoadError> {
+    let bad = |field: &'static str, message: String| LoadError::BadDescriptor {
+        origin: origin.to_owned(),
+        field,
+        message,
+    };
+    if !valid_name(&d.name) {
+        return Err(bad(
+            "name",
+            format!("`{}` is not lowercase letters, digits and `-`", d.name),
+        ));
+    }
+    let version = semver::Version::parse(&d.version)
+        .map_err(|e| bad("version", format!("`{}`: {e}", d.version)))?;
+    let schema = |field: &'static str, text: &str| -> Result<Value, LoadError> {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| bad(field, format!("not JSON: {e}")))?;
+        if v.is_object() || v.is_boolean() {
+            Ok(v)
+        } else {
+            Err(bad(field, "a JSON Schema is an object or a boolean".into()))
+        }
+    };
+    let capabilities = d
+        .capabilities
+        .iter()
+        .map(|c| {
+            c.parse::<Capability>()
+                .map_err(|e| bad("capabilities", e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ToolInfo {
+        name: d.name,
+        version,
+        digest: digest.to_owned(),
+        description: d.description,
+        input_schema: schema("input-schema", &d.input_schema)?,
+        output_schema: schema("output-schema", &d.output_schema)?,
+        capabilities,
+        effect: match d.effect {
+            bindings::EffectClass::Pure => EffectClass::Pure,
+            bindings::EffectClass::Idempotent => EffectClass::Idempotent,
+            bindings::EffectClass::NonIdempotent => EffectClass::NonIdempotent,
+        },
+    })
+}
+
+/// A component compiled and checked up to (not including) policy.
+struct Checked {
+    kind: PluginKind,
+    info: ToolInfo,
+    pre: Pre,
+    imports: Vec<Import>,
+    /// Imports the declared capabilities do not cover, and what would.
+    undeclared: Vec<(String, &'static str)>,
+    cache: engine::CacheOutcome,
+    describe_record: HostcallRecord,
+}
+
+impl PluginHost {
+    /// Compiles (or reads from the cache), checks imports, calls `describe`.
+    async fn check(&self, origin: &str, bytes: Vec<u8>) -> Result<Checked, LoadError> {
+        let digest_hex = blake3::hash(&bytes).to_hex().to_string();
+        let digest = format!("b3:{digest_hex}");
+        let engine = self.inner.engine.clone();
+        let cache = self.inner.cache.clone();
+        let compiled =
+            tokio::task::spawn_blocking(move || cache.load(&engine, &bytes, &digest_hex)).await;
+        let (component, cache) = match compiled {
+            Ok(r) => r.map_err(|message| LoadError::Compile {
+                origin: origin.to_owned(),
+                message,
+            })?,
+            Err(e) => {
+                return Err(LoadError::Compile {
+                    origin: origin.to_owned(),
+                    message: e.to_string(),
+                });
+            }
+        };
+        let imports = imports::of_component(&component, &self.inner.engine);
+        if let Some(p) = imports::never_loadable(&imports).into_iter().next() {
+            return Err(match p {
+                ImportProblem::Sockets { import } => LoadError::Sockets {
+                    origin: origin.to_owned(),
+                    import,
+                },
+                ImportProblem::Unknown { import } | ImportProblem::Undeclared { import, .. } => {
+                    LoadError::UnknownImport {
+                        origin: origin.to_owned(),
+                        import,
+                    }
+                }
+            });
+        }
+        let (kind, pre) = self.prelink(origin, &component)?;
+        let limits = self.inner.policy.limits_for("", self.inner.base_limits);
+        let started = Instant::now();
+        let mut record = Self::record(
+            CallKind::Describe,
+            origin.to_owned(),
+            "null".to_owned(),
+            None,
+            limits,
+        );
+        let run = self
+            .run_guest(
+                &pre,
+                &[],
+                limits,
+                &state::seed(&digest, &record.args_hash),
+                GuestCall::Describe,
+            )
+            .await;
+        let result = self.fill(&mut record, run, origin, started);
+        let descriptor = match result {
+            Ok(Returned::Described(d)) => d,
+            Ok(_) => {
+                return Err(LoadError::Describe {
+                    origin: origin.to_owned(),
+                    error: Box::new(InvokeError::Host("unexpected return".into())),
+                });
+            }
+            Err(error) => {
+                record.outcome = Outcome::Error {
+                    kind: error.kind().to_owned(),
+                    message: error.to_string(),
+                };
+                return Err(LoadError::Describe {
+                    origin: origin.to_owned(),
+                    error: Box::new(error),
+                });
+            }
+        };
+        let info = descriptor_info(origin, descriptor, &digest)?;
+        record.tool = Some(ToolIdentity {
+            name: info.name.clone(),
+            version: info.version.to_string(),
+            digest: digest.clone(),
+            wit_package: WIT_PACKAGE.to_owned(),
+        });
+        let described = serde_json::to_value(&info).unwrap_or(Value::Null);
+        let text = canonical(&described).unwrap_or_default();
+        record.outcome = Outcome::Ok {
+            output_hash: b3(text.as_bytes()),
+            output_bytes: text.len() as u64,
+        };
+        let undeclared = imports::check(&imports, &info.capabilities)
+            .into_iter()
+            .filter_map(|p| match p {
+                ImportProblem::Undeclared { import, needs } => Some((import, needs)),
+                _ => None,
+            })
+            .collect();
+        Ok(Checked {
+            kind,
+            info,
+            pre,
+            imports,
+            undeclared,
+            cache,
+            describe_record: record,
+        })
+    }
+
+    fn prelink(&self, origin: &str, component: &Component) -> Result<(PluginKind, Pre), LoadError> {
+        let engine = &self.inner.engine;
+        let ty = component.component_type();
+        let exports: Vec<&str> = ty.exports(engine).map(|(n, _)| n).collect();
+        let kind = match (exports.contains(&"invoke"), exports.contains(&"verify")) {
+            (true, false) => PluginKind::Tool,
+            (false, true) => PluginKind::Verifier,
+            _ => {
+                return Err(LoadError::NotAPlugin {
+                    origin: origin.to_owned(),
+                    reason: format!(
+                        "it exports {exports:?}; a tool exports `describe` and `invoke`, a verifier `describe` and `verify`"
+                    ),
+                });
+            }
+        };
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| LoadError::Compile {
+                origin: origin.to_owned(),
+                message: format!("cannot link: {e:#}"),
+            })?;
+        let not_a_plugin = |e: wasmtime::Error| LoadError::NotAPlugin {
+            origin: origin.to_owned(),
+            reason: format!("{e:#}"),
+        };
+        let pre = match kind {
+            PluginKind::Tool => Pre::Tool(ToolPre::new(pre).map_err(not_a_plugin)?),
+            PluginKind::Verifier => Pre::Verifier(VerifierPre::new(pre).map_err(not_a_plugin)?),
+        };
+        Ok((kind, pre))
+    }
+
+    /// Loads one component into the registries: compiles it (or reads the
+    /// cache), checks its imports against its declared capabilities and
+    /// those against policy, and registers it.
+    pub async fn load_component(
+        &self,
+        origin: impl Into<String>,
+        bytes: impl Into<Vec<u8>>,
+    ) -> Result<crate::registry::Entry, LoadError> {
+        self.load_inner(origin.into(), bytes.into(), false).await
+    }
+
+    /// Loads a component. With `withhold`, one denied a capability is also
+    /// recorded as withheld; the denial is returned either way.
+    pub(super) async fn load_inner(
+        &self,
+        origin: String,
+        bytes: Vec<u8>,
+        withhold: bool,
+    ) -> Result<crate::registry::Entry, LoadError> {
+        let c = self.check(&origin, bytes).await?;
+        if let Some((import, needs)) = c.undeclared.first() {
+            return Err(LoadError::UndeclaredImport {
+                component: c.info.name,
+                origin,
+                import: import.clone(),
+                needs,
+            });
+        }
+        let policy = &self.inner.policy;
+        let grants = match policy.grant(&c.info.name, &c.info.capabilities) {
+            Ok(grants) => grants,
+            Err(missing) => {
+                let denied = match missing.first() {
+                    Some(first) => LoadError::CapabilityDenied {
+                        component: c.info.name.clone(),
+                        origin: origin.clone(),
+                        capability: first.capability.to_string(),
+                        policy: policy.source().to_string(),
+                        hint: first.hint.clone(),
+                    },
+                    None => LoadError::CapabilityDenied {
+                        component: c.info.name.clone(),
+                        origin: origin.clone(),
+                        capability: "(unnamed)".to_owned(),
+                        policy: policy.source().to_string(),
+                        hint: String::new(),
+                    },
+                };
+                if !withhold {
+                    return Err(denied);
+                }
+                let entry = crate::registry::WithheldEntry {
+                    info: c.info,
+                    kind: c.kind,
+                    origin,
+                    reason: denied.to_string(),
+                };
+                self.inner
+                    .registry
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .withhold(entry);
+                return Err(denied);
+            }
+        };
+        let limits = policy.limits_for(&c.info.name, self.inner.base_limits);
+        let identity = ToolIdentity {
+            name: c.info.name.clone(),
+            version: c.info.version.to_string(),
+            digest: c.info.digest.clone(),
+            wit_package: WIT_PACKAGE.to_owned(),
+        };
+        let loaded = Loaded {
+            info: c.info,
+            kind: c.kind,
+            origin,
+            identity,
+            pre: c.pre,
+            imports: c.imports,
+            grants,
+            limits,
+            cache: c.cache,
+            describe_record: c.describe_record,
+        };
+        let mut registry = self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        registry.insert(loaded).map(|l| l.entry())
+    }
+
+    /// Describes a component and lists its imports without registering it.
+    pub async fn inspect(&self, bytes: impl Into<Vec<u8>>) -> Result<Inspection, LoadError> {
+        let c = self.check("inspected component", bytes.into()).await?;
+        Ok(Inspection {
+            kind: c.kind,
+            eligibility: shadow_eligibility(&c.info.capabilities, c.info.effect),
+            problems: c
+                .undeclared
+                .into_iter()
+                .map(|(import, needs)| format!("imports `{import}` without declaring {needs}"))
+                .collect(),
+            info: c.info,
+            imports: c.imports,
+        })
+    }
+}
+
+/// Describes a component and lists its imports, on a throwaway host that
+/// grants nothing (for `poimen plugin inspect`).
+pub async fn inspect(bytes: impl Into<Vec<u8>>) -> Result<Inspection, LoadError> {
+    let host = PluginHost::builder()
+        .pooling(false)
+        .build()
+        .await
+        .map_err(|e| LoadError::Compile {
+            origin: "inspected component".into(),
+            message: e.to_string(),
+        })?;
+    host.inspect(bytes).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names() {
+        assert!(valid_name("fs-read"));
+        assert!(valid_name("adv-2"));
+        assert!(!valid_name("Fs"));
+        assert!(!valid_name("-x"));
+        assert!(!valid_name(""));
+    }
+}
