@@ -59,7 +59,14 @@ async fn start_run(State(host): State<Host>, Json(req): Json<StartRun>) -> Reply
         req.input
     };
     match host
-        .start(&Target::parse(&req.workflow), input, req.idempotency_key)
+        .start(
+            &Target::parse(&req.workflow),
+            input,
+            poimen::RunOptions {
+                idempotency_key: req.idempotency_key,
+                tenant: None,
+            },
+        )
         .await
     {
         Ok(run) => (StatusCode::ACCEPTED, Json(json!({"run": run}))),

@@ -176,7 +176,14 @@ impl PoimenMcp {
                     .and_then(Value::as_str)
                     .map(str::to_owned);
                 self.host
-                    .run(&Target::parse(&t), input, key)
+                    .run(
+                        &Target::parse(&t),
+                        input,
+                        poimen::RunOptions {
+                            idempotency_key: key,
+                            tenant: None,
+                        },
+                    )
                     .await
                     .map(|o| outcome(&o))
             }
@@ -220,7 +227,7 @@ impl PoimenMcp {
                     .run(
                         &Target::Version(version.to_string()),
                         Value::Object(args.clone()),
-                        None,
+                        poimen::RunOptions::default(),
                     )
                     .await
                     .map(|o| outcome(&o))

@@ -91,13 +91,18 @@ pub enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
-    /// Validate and publish a workflow version.
+    /// Validate and publish a workflow version. A new version descends from
+    /// the workflow's latest stored one unless --parent or --no-parent says
+    /// otherwise.
     #[command(after_help = "Example: poimen publish flow.yaml --parent b3:1a2b3c")]
     Publish {
         file: PathBuf,
-        /// The version this one derives from.
-        #[arg(long, value_name = "VERSION")]
+        /// The version this one derives from (default: the latest stored).
+        #[arg(long, value_name = "VERSION", conflicts_with = "no_parent")]
         parent: Option<String>,
+        /// Record no parent: this version starts a new history.
+        #[arg(long)]
+        no_parent: bool,
     },
     /// Published workflows, or the version DAG of one.
     #[command(after_help = "Example: poimen versions triage")]
@@ -161,6 +166,9 @@ pub enum Command {
         /// Same key and input returns the existing run; another input is refused.
         #[arg(long, value_name = "KEY")]
         idempotency_key: Option<String>,
+        /// The run's tenant (stored with it and its child runs).
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
     },
     /// A run's status, or recent runs.
     #[command(after_help = "Example: poimen status WFR-01J...")]
@@ -169,6 +177,9 @@ pub enum Command {
         /// How many recent runs to list.
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// List only this tenant's runs.
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
     },
     /// A run's episode: every event, in order.
     #[command(after_help = "Example: poimen episode WFR-01J... --json")]

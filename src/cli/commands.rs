@@ -155,9 +155,18 @@ fn version(g: &Global, files: &[PathBuf]) -> Result<u8> {
 async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
     match command {
         Command::Validate { files, shadow } => validate(g, host, &files, shadow).await,
-        Command::Publish { file, parent } => {
+        Command::Publish {
+            file,
+            parent,
+            no_parent,
+        } => {
             let loaded = host.load_file(&file)?;
-            let p = host.publish(&loaded.def, parent.as_deref()).await?;
+            let parent = match (&parent, no_parent) {
+                (Some(p), _) => poimen::Parent::Version(p),
+                (None, true) => poimen::Parent::Root,
+                (None, false) => poimen::Parent::Latest,
+            };
+            let p = host.publish(&loaded.def, parent).await?;
             if g.json {
                 print_json(&p)?;
             } else {
@@ -278,11 +287,18 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             target,
             input,
             idempotency_key,
+            tenant,
         } => {
             let input = json_arg(&input, "--input")?;
-            run_verb(g, host, &target, input, idempotency_key).await
+            let opts = poimen::RunOptions {
+                idempotency_key,
+                tenant,
+            };
+            run_verb(g, host, &target, input, opts).await
         }
-        Command::Status { run, limit } => status(g, host, run.as_deref(), limit).await,
+        Command::Status { run, limit, tenant } => {
+            status(g, host, run.as_deref(), limit, tenant.as_deref()).await
+        }
         Command::Episode { run } => {
             let episode = host.episode(&run).await?;
             if g.json {
@@ -571,7 +587,7 @@ async fn run_verb(
     host: &Host,
     target: &str,
     input: Value,
-    key: Option<String>,
+    opts: poimen::RunOptions,
 ) -> Result<u8> {
     let target = Target::parse(target);
     if let Target::File(p) = &target
@@ -579,7 +595,7 @@ async fn run_verb(
     {
         return Err(Usage(format!("{} does not exist", p.display())).into());
     }
-    let run = host.start(&target, input, key).await?;
+    let run = host.start(&target, input, opts).await?;
     let live = !g.json && std::io::stderr().is_terminal();
     if g.json {
         // Machines get one document at the end.
@@ -716,7 +732,13 @@ fn describe_event(e: &poimen::executor::EpisodeEvent) -> String {
     }
 }
 
-async fn status(g: &Global, host: &Host, run: Option<&str>, limit: u32) -> Result<u8> {
+async fn status(
+    g: &Global,
+    host: &Host,
+    run: Option<&str>,
+    limit: u32,
+    tenant: Option<&str>,
+) -> Result<u8> {
     match run {
         Some(run) => {
             let (rec, state) = host.status(run).await?;
@@ -746,7 +768,7 @@ async fn status(g: &Global, host: &Host, run: Option<&str>, limit: u32) -> Resul
             Ok(exit::OK)
         }
         None => {
-            let runs = host.runs(limit).await?;
+            let runs = host.runs(limit, tenant).await?;
             if g.json {
                 print_json(&runs)?;
             } else if runs.is_empty() {

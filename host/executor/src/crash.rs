@@ -17,6 +17,10 @@ pub const CRASH_POINTS: &[&str] = &[
     "after_committed",
     "before_judgment",
     "waiting_judgment",
+    "after_model_requested",
+    "after_model_committed",
+    "after_child_requested",
+    "after_child_created",
 ];
 
 /// Marks an injection point.

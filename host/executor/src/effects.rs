@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use poimen_workflow::{Capability, EffectClass, ReasoningEffort, ToolRef};
+use poimen_workflow::{Capability, ReasoningEffort};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -42,6 +42,9 @@ pub enum FailureClass {
     Verifier,
     /// The run was cancelled, or the branch lost its join.
     Cancelled,
+    /// A value broke a contract the workflow or the tool declares (a state
+    /// key's schema, a reducer's type, a tool's or model's output schema).
+    Contract,
 }
 
 impl FailureClass {
@@ -52,6 +55,9 @@ impl FailureClass {
             FailureClass::Unavailable => Some(poimen_workflow::RetryOn::Unavailable),
             FailureClass::Timeout => Some(poimen_workflow::RetryOn::Timeout),
             FailureClass::Verifier => Some(poimen_workflow::RetryOn::Verifier),
+            // A producer that broke its contract may do better on another
+            // attempt (a model); a deterministic one fails again.
+            FailureClass::Contract => Some(poimen_workflow::RetryOn::Failed),
             FailureClass::InvalidInput | FailureClass::Cancelled => None,
         }
     }
@@ -66,6 +72,7 @@ impl std::fmt::Display for FailureClass {
             FailureClass::Timeout => "timeout",
             FailureClass::Verifier => "rejected by a verifier",
             FailureClass::Cancelled => "cancelled",
+            FailureClass::Contract => "broke a declared contract",
         })
     }
 }
@@ -75,6 +82,9 @@ impl std::fmt::Display for FailureClass {
 pub struct Failure {
     pub class: FailureClass,
     pub message: String,
+    /// The broken contract, as data, when the class is `contract`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract: Option<Box<Contract>>,
 }
 
 impl Failure {
@@ -82,8 +92,89 @@ impl Failure {
         Failure {
             class,
             message: message.into(),
+            contract: None,
         }
     }
+
+    /// A broken contract.
+    pub fn contract(c: Contract) -> Self {
+        Failure {
+            class: FailureClass::Contract,
+            message: c.to_string(),
+            contract: Some(Box::new(c)),
+        }
+    }
+}
+
+/// The JSON type of a value, as a reducer's refusal names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JsonType {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+impl JsonType {
+    pub fn of(v: &Value) -> JsonType {
+        match v {
+            Value::Null => JsonType::Null,
+            Value::Bool(_) => JsonType::Bool,
+            Value::Number(_) => JsonType::Number,
+            Value::String(_) => JsonType::String,
+            Value::Array(_) => JsonType::Array,
+            Value::Object(_) => JsonType::Object,
+        }
+    }
+}
+
+impl std::fmt::Display for JsonType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JsonType::Null => "null",
+            JsonType::Bool => "a boolean",
+            JsonType::Number => "a number",
+            JsonType::String => "a string",
+            JsonType::Array => "a list",
+            JsonType::Object => "an object",
+        })
+    }
+}
+
+/// A contract a value broke: which, where, and which rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "contract", rename_all = "snake_case")]
+pub enum Contract {
+    /// A write to a declared state key breaks the key's schema.
+    #[error("the value written to state key `{key}` breaks its schema: {}", crate::schema::Violations(.violations.clone()))]
+    StateSchema {
+        key: String,
+        violations: Vec<poimen_workflow::SchemaViolation>,
+    },
+    /// A reducer cannot combine the write with the key's current value.
+    #[error(
+        "state key `{key}` ({reducer:?}) holds {value} and cannot take a write of {write}: `merge` combines objects, `append` and `union` extend lists"
+    )]
+    Reducer {
+        key: String,
+        reducer: poimen_workflow::Reducer,
+        value: JsonType,
+        write: JsonType,
+    },
+    /// A tool's output breaks its declared output schema.
+    #[error("tool `{tool}` returned output that breaks its declared output schema: {}", crate::schema::Violations(.violations.clone()))]
+    ToolOutput {
+        tool: String,
+        violations: Vec<poimen_workflow::SchemaViolation>,
+    },
+    /// A model step's answer breaks the step's schema.
+    #[error("the model's answer breaks the step's schema: {}", crate::schema::Violations(.violations.clone()))]
+    ModelOutput {
+        violations: Vec<poimen_workflow::SchemaViolation>,
+    },
 }
 
 impl std::fmt::Display for Failure {
@@ -146,10 +237,6 @@ pub struct VerifierResult {
 /// Where tools and verifiers run (the sandbox, in a live host).
 #[async_trait]
 pub trait ToolHost: Send + Sync {
-    /// Resolves a reference to the exact tool a new run will pin.
-    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure>;
-    /// Resolves a verifier reference likewise.
-    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure>;
     /// Invokes a tool. Dropping the future must interrupt the call promptly.
     async fn invoke(&self, call: ToolCall) -> ToolResult;
     /// Invokes a verifier. Dropping the future must interrupt the call promptly.
@@ -179,9 +266,38 @@ pub struct ModelRequest {
     pub effort: ReasoningEffort,
     /// The output must parse as JSON.
     pub json: bool,
+    /// A JSON Schema the output must satisfy (implies `json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// Tools offered to the model (the step's `tools`), as pinned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolIdentity>,
     pub max_tokens: Option<u64>,
     #[serde(skip)]
     pub timeout: Duration,
+}
+
+impl ModelRequest {
+    /// Everything of this request that reaches the provider — provider,
+    /// model (the step's, else the provider's default), every parameter,
+    /// the rendered messages by their blob hashes — as the JSON a run
+    /// records before the call and hashes. Two requests with the same
+    /// identity ask the same thing; shadow evaluation replays a recorded
+    /// answer only for an identical one.
+    pub fn identity(&self, provider: &str, default_model: &str) -> Value {
+        let blob = |s: &str| format!("b3:{}", blake3::hash(s.as_bytes()).to_hex());
+        serde_json::json!({
+            "provider": provider,
+            "model": self.model.as_deref().unwrap_or(default_model),
+            "system": self.system.as_deref().map(blob),
+            "prompt": blob(&self.prompt),
+            "effort": self.effort,
+            "json": self.json,
+            "schema": self.schema,
+            "tools": self.tools,
+            "max_tokens": self.max_tokens,
+        })
+    }
 }
 
 /// A model's answer.

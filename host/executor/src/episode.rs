@@ -81,6 +81,49 @@ pub struct PinnedTool {
     pub effect: EffectClass,
 }
 
+/// A sub-workflow step's child, pinned at the parent's start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedChild {
+    pub version: WorkflowVersion,
+    /// What the child pins: its tools, verifiers and own sub-workflows.
+    pub pins: Pins,
+}
+
+/// Everything a run can reach, resolved once when it starts: tools and
+/// verifiers (by reference text) with their digests, and each sub-workflow
+/// step's child version with the child's own pins, transitively.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pins {
+    pub tools: BTreeMap<String, PinnedTool>,
+    pub verifiers: BTreeMap<String, ToolIdentity>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subworkflows: BTreeMap<StepId, PinnedChild>,
+}
+
+/// One criterion's verdict in a rubric's scoring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CriterionVerdict {
+    pub criterion: String,
+    pub weight: f64,
+    pub verifier: ToolIdentity,
+    pub outcome: VerdictOutcome,
+    /// The verifier's hostcall record.
+    pub record: Value,
+}
+
+/// A rubric's verdict on one output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricVerdict {
+    pub criteria: Vec<CriterionVerdict>,
+    /// `Σ wᵢ·sᵢ / Σ wᵢ` over the criteria (a criterion that could not score
+    /// scores 0).
+    pub score: f64,
+    /// The score the output needs; absent: every criterion must pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    pub passed: bool,
+}
+
 /// The outcome of one recorded call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
@@ -146,8 +189,14 @@ pub enum EpisodeEvent {
         parent: Option<ParentLink>,
         /// Tools pinned by reference text (`text@^0.1`).
         tools: BTreeMap<String, PinnedTool>,
-        /// Verifiers pinned by reference text.
+        /// Verifiers pinned by reference text (step verifiers and rubric
+        /// criteria).
         verifiers: BTreeMap<String, ToolIdentity>,
+        /// Each sub-workflow step's child version and what the child pins,
+        /// resolved when this run started: resuming, retrying or answering
+        /// a judgment never resolves `latest` again.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        subworkflows: BTreeMap<StepId, PinnedChild>,
     },
     /// A step execution began (a loop re-entry is a new iteration).
     StepStarted {
@@ -163,6 +212,21 @@ pub enum EpisodeEvent {
         step: StepId,
         iteration: u32,
         attempt: u32,
+    },
+    /// A model call is about to be made: the whole request, durable before
+    /// the provider is asked. A request with no answer recorded after it
+    /// was asked and lost (the host stopped): it is asked again, and that
+    /// request says `reask`.
+    ModelRequested {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        /// Everything that reaches the provider (the rendered messages by
+        /// their blob hashes): see `ModelRequest::identity`.
+        request: Value,
+        request_hash: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reask: bool,
     },
     /// A model answered.
     ModelCalled {
@@ -183,6 +247,10 @@ pub enum EpisodeEvent {
         text: String,
         usage: Usage,
         latency_ms: u64,
+        /// The request this answers (absent in episodes recorded before
+        /// requests were).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request_hash: Option<String>,
     },
     /// A model call failed.
     ModelFailed {
@@ -271,6 +339,20 @@ pub enum EpisodeEvent {
         winners: Vec<StepId>,
         losers: Vec<StepId>,
         failed: Vec<StepId>,
+        /// The winners' state writes broke a contract: the step fails.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failure: Option<Failure>,
+    },
+    /// A rubric scored an output: a step's attempt (`step` set) or the
+    /// run's result.
+    RubricScored {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<StepId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iteration: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
+        verdict: RubricVerdict,
     },
     /// A bounded back-edge was taken.
     LoopIterated {
@@ -278,6 +360,17 @@ pub enum EpisodeEvent {
         to: StepId,
         taken: u32,
         body: Vec<StepId>,
+    },
+    /// A child run is about to be created: its id, durable before it
+    /// exists, so a host that stops in between creates this one child, not
+    /// another.
+    ChildRunRequested {
+        step: StepId,
+        iteration: u32,
+        attempt: u32,
+        child_run: poimen_store::RunId,
+        child_version: WorkflowVersion,
+        input_hash: String,
     },
     /// A child run was created for a sub-workflow step.
     ChildRunLinked {
@@ -366,6 +459,7 @@ impl EpisodeEvent {
             EpisodeEvent::RunStarted { .. } => "run_started",
             EpisodeEvent::StepStarted { .. } => "step_started",
             EpisodeEvent::AttemptStarted { .. } => "attempt_started",
+            EpisodeEvent::ModelRequested { .. } => "model_requested",
             EpisodeEvent::ModelCalled { .. } => "model_called",
             EpisodeEvent::ModelFailed { .. } => "model_failed",
             EpisodeEvent::ToolCalled { .. } => "tool_called",
@@ -377,7 +471,9 @@ impl EpisodeEvent {
             EpisodeEvent::BranchesForked { .. } => "branches_forked",
             EpisodeEvent::BranchesJoined { .. } => "branches_joined",
             EpisodeEvent::LoopIterated { .. } => "loop_iterated",
+            EpisodeEvent::ChildRunRequested { .. } => "child_run_requested",
             EpisodeEvent::ChildRunLinked { .. } => "child_run_linked",
+            EpisodeEvent::RubricScored { .. } => "rubric_scored",
             EpisodeEvent::ChildRunFinished { .. } => "child_run_finished",
             EpisodeEvent::JudgmentRequested { .. } => "judgment_requested",
             EpisodeEvent::JudgmentReceived { .. } => "judgment_received",
@@ -420,6 +516,7 @@ impl EpisodeEvent {
         match self {
             E::StepStarted { step, .. }
             | E::AttemptStarted { step, .. }
+            | E::ModelRequested { step, .. }
             | E::ModelCalled { step, .. }
             | E::ModelFailed { step, .. }
             | E::ToolCalled { step, .. }
@@ -429,13 +526,14 @@ impl EpisodeEvent {
             | E::ConditionEvaluated { step, .. }
             | E::BranchesForked { step, .. }
             | E::BranchesJoined { step, .. }
+            | E::ChildRunRequested { step, .. }
             | E::ChildRunLinked { step, .. }
             | E::ChildRunFinished { step, .. }
             | E::JudgmentRequested { step, .. }
             | E::JudgmentReceived { step, .. }
             | E::RunBlocked { step, .. }
             | E::Reconciled { step, .. } => Some(step),
-            E::RunFailed { step, .. } => step.as_ref(),
+            E::RunFailed { step, .. } | E::RubricScored { step, .. } => step.as_ref(),
             E::RunStarted { .. }
             | E::StateWritten { .. }
             | E::LoopIterated { .. }
@@ -750,6 +848,7 @@ mod tests {
                 winners: vec![StepId::from("a"), StepId::from("b")],
                 losers: vec![],
                 failed: vec![],
+                failure: None,
             },
         ));
         events.push(rec(6, started("after")));
@@ -792,8 +891,27 @@ mod tests {
                     step: s(),
                     iteration: 1,
                 }),
-                tools,
+                tools: tools.clone(),
                 verifiers: BTreeMap::from([("v@^1".to_owned(), tool.clone())]),
+                subworkflows: BTreeMap::from([(
+                    s(),
+                    PinnedChild {
+                        version,
+                        pins: Pins {
+                            tools,
+                            verifiers: BTreeMap::new(),
+                            subworkflows: BTreeMap::new(),
+                        },
+                    },
+                )]),
+            },
+            EpisodeEvent::ModelRequested {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                request: json!({"model": "m", "prompt": "b3:02"}),
+                request_hash: "b3:0d".into(),
+                reask: true,
             },
             EpisodeEvent::StepStarted {
                 step: s(),
@@ -822,6 +940,7 @@ mod tests {
                     tokens_out: 2,
                 },
                 latency_ms: 3,
+                request_hash: Some("b3:0d".into()),
             },
             EpisodeEvent::ModelFailed {
                 step: s(),
@@ -917,6 +1036,12 @@ mod tests {
                 winners: vec![s()],
                 losers: vec![s()],
                 failed: vec![s()],
+                failure: Some(Failure::contract(crate::effects::Contract::Reducer {
+                    key: "k".into(),
+                    reducer: Reducer::Merge,
+                    value: crate::effects::JsonType::Object,
+                    write: crate::effects::JsonType::String,
+                })),
             },
             EpisodeEvent::LoopIterated {
                 from: s(),
@@ -924,11 +1049,40 @@ mod tests {
                 taken: 1,
                 body: vec![s()],
             },
+            EpisodeEvent::ChildRunRequested {
+                step: s(),
+                iteration: 1,
+                attempt: 1,
+                child_run: run.clone(),
+                child_version: version,
+                input_hash: "b3:0e".into(),
+            },
             EpisodeEvent::ChildRunLinked {
                 step: s(),
                 iteration: 1,
                 child_run: run.clone(),
                 child_version: version,
+            },
+            EpisodeEvent::RubricScored {
+                step: Some(s()),
+                iteration: Some(1),
+                attempt: Some(1),
+                verdict: RubricVerdict {
+                    criteria: vec![CriterionVerdict {
+                        criterion: "c".into(),
+                        weight: 2.0,
+                        verifier: tool.clone(),
+                        outcome: VerdictOutcome::Verdict(Verdict {
+                            pass: true,
+                            score: 0.75,
+                            reason: "r".into(),
+                        }),
+                        record: json!({}),
+                    }],
+                    score: 0.75,
+                    threshold: Some(0.7),
+                    passed: true,
+                },
             },
             EpisodeEvent::ChildRunFinished {
                 step: s(),
@@ -991,7 +1145,7 @@ mod tests {
         kinds.dedup();
         assert_eq!(kinds.len(), all.len(), "one event of each kind");
         // Every kind `EpisodeEvent::kind` knows: add a new kind above.
-        assert_eq!(kinds.len(), 26);
+        assert_eq!(kinds.len(), 29);
         for event in all {
             let body = event.body();
             assert!(body.get("unencodable").is_none(), "{body}");

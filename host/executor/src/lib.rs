@@ -32,8 +32,9 @@ pub mod testing;
 
 pub use crash::CRASH_POINTS;
 pub use effects::{
-    Clock, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, SystemClock,
-    ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall, VerifierResult,
+    Clock, Contract, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse,
+    SystemClock, ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall,
+    VerifierResult,
 };
 pub use engine::{
     Executor, JudgmentError, JudgmentSubmission, Operation, OperatorError, RunError, StartError,

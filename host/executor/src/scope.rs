@@ -11,13 +11,21 @@ use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
-/// Tenant of a run. Single-tenant hosts use [`TenantId::default`].
+/// Tenant of a run: stored with the run (a child run has its parent's),
+/// carried by every scope of it, and a filter when listing runs.
+/// Single-tenant hosts use [`TenantId::default`].
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TenantId(pub String);
 
 impl Default for TenantId {
     fn default() -> Self {
-        TenantId("default".to_owned())
+        TenantId(poimen_store::DEFAULT_TENANT.to_owned())
+    }
+}
+
+impl std::fmt::Display for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 

@@ -13,10 +13,11 @@ use poimen_workflow::{Reducer, StepId, WorkflowDef, WorkflowId, WorkflowVersion}
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::effects::ToolIdentity;
 use crate::effects::{Failure, Usage};
+use crate::effects::{JsonType, ToolIdentity};
 use crate::episode::{
-    CallOutcome, Episode, EpisodeEvent, ParentLink, PinnedTool, Recorded, StepStatus, VerdictRecord,
+    CallOutcome, Episode, EpisodeEvent, ParentLink, PinnedChild, PinnedTool, Recorded,
+    RubricVerdict, StepStatus, VerdictRecord,
 };
 
 /// Lifecycle status of a run, as the fold sees it.
@@ -29,6 +30,16 @@ pub struct AttemptRecord {
     /// The tool call's recorded outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<CallOutcome>,
+    /// The hash of the model request recorded before the call (the answer,
+    /// once recorded, is `model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_request: Option<String>,
+    /// The child run requested (its id and version) before it was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_request: Option<(poimen_store::RunId, WorkflowVersion)>,
+    /// The step rubric's recorded verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rubric: Option<RubricVerdict>,
     /// The model's recorded answer (text) or failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<Result<String, Failure>>,
@@ -98,6 +109,9 @@ pub struct Join {
     pub winners: Vec<StepId>,
     pub losers: Vec<StepId>,
     pub failed: Vec<StepId>,
+    /// The winners' state writes broke a contract.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
 }
 
 /// A sub-workflow step's child run.
@@ -142,6 +156,12 @@ pub struct RunState {
     pub parent: Option<ParentLink>,
     pub tools: BTreeMap<String, PinnedTool>,
     pub verifiers: BTreeMap<String, ToolIdentity>,
+    /// Each sub-workflow step's pinned child.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subworkflows: BTreeMap<StepId, PinnedChild>,
+    /// The workflow rubric's verdict on the run's result, once scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rubric: Option<RubricVerdict>,
     /// Declared state keys and their values.
     pub state: BTreeMap<String, Value>,
     pub steps: BTreeMap<StepId, StepState>,
@@ -221,8 +241,10 @@ impl RunState {
                 parent,
                 tools,
                 verifiers,
+                subworkflows,
                 ..
             } => {
+                self.subworkflows = subworkflows.clone();
                 self.workflow_id = Some(workflow_id.clone());
                 self.version = Some(*version);
                 self.input = input.clone();
@@ -356,12 +378,14 @@ impl RunState {
                 winners,
                 losers,
                 failed,
+                failure,
                 ..
             } => {
                 self.step_mut(step).joined = Some(Join {
                     winners: winners.clone(),
                     losers: losers.clone(),
                     failed: failed.clone(),
+                    failure: failure.clone(),
                 });
             }
             EpisodeEvent::LoopIterated { from, body, .. } => {
@@ -371,6 +395,24 @@ impl RunState {
                 }
                 self.completed_order.retain(|s| !body.contains(s));
             }
+            EpisodeEvent::ModelRequested {
+                step, request_hash, ..
+            } => {
+                self.step_mut(step).current.model_request = Some(request_hash.clone());
+            }
+            EpisodeEvent::ChildRunRequested {
+                step,
+                child_run,
+                child_version,
+                ..
+            } => {
+                self.step_mut(step).current.child_request =
+                    Some((child_run.clone(), *child_version));
+            }
+            EpisodeEvent::RubricScored { step, verdict, .. } => match step {
+                Some(step) => self.step_mut(step).current.rubric = Some(verdict.clone()),
+                None => self.rubric = Some(verdict.clone()),
+            },
             EpisodeEvent::ChildRunLinked {
                 step,
                 child_run,
@@ -466,16 +508,32 @@ impl RunState {
     }
 }
 
+/// A write a reducer cannot combine with a key's current value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceError {
+    pub reducer: Reducer,
+    pub value: JsonType,
+    pub write: JsonType,
+}
+
 /// Applies a reducer: the new value of a state key given its current value
-/// and a write.
-pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Value {
-    match reducer {
+/// and a write. A type the reducer cannot combine is refused, never
+/// silently replaced: `merge` takes an object into an object; `append` and
+/// `union` extend a list (by a list's items, or by one item); `null` is the
+/// empty value of each.
+pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Result<Value, ReduceError> {
+    let refuse = || ReduceError {
+        reducer,
+        value: JsonType::of(current),
+        write: JsonType::of(write),
+    };
+    Ok(match reducer {
         Reducer::Overwrite => write.clone(),
         Reducer::Append => {
             let mut list = match current {
                 Value::Array(a) => a.clone(),
                 Value::Null => Vec::new(),
-                other => vec![other.clone()],
+                _ => return Err(refuse()),
             };
             match write {
                 Value::Array(items) => list.extend(items.iter().cloned()),
@@ -486,7 +544,8 @@ pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Value {
         Reducer::Merge => {
             let mut obj = match current {
                 Value::Object(o) => o.clone(),
-                _ => serde_json::Map::new(),
+                Value::Null => serde_json::Map::new(),
+                _ => return Err(refuse()),
             };
             match write {
                 Value::Object(w) => {
@@ -495,16 +554,14 @@ pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Value {
                     }
                     Value::Object(obj)
                 }
-                // Merging a non-object is a type error in the workflow; keep
-                // the write visible rather than dropping it silently.
-                other => other.clone(),
+                _ => return Err(refuse()),
             }
         }
         Reducer::Union => {
             let mut items: Vec<Value> = match current {
                 Value::Array(a) => a.clone(),
                 Value::Null => Vec::new(),
-                other => vec![other.clone()],
+                _ => return Err(refuse()),
             };
             match write {
                 Value::Array(w) => items.extend(w.iter().cloned()),
@@ -518,7 +575,7 @@ pub fn reduce(reducer: Reducer, current: &Value, write: &Value) -> Value {
             keyed.dedup_by(|a, b| a.0 == b.0);
             Value::Array(keyed.into_iter().map(|(_, v)| v).collect())
         }
-    }
+    })
 }
 
 /// Rebuilds a run's state from its episode alone.
@@ -604,31 +661,47 @@ mod tests {
 
     #[test]
     fn reducers() {
-        assert_eq!(reduce(Reducer::Overwrite, &json!(1), &json!(2)), json!(2));
+        let r = |reducer, current: Value, write: Value| reduce(reducer, &current, &write);
+        assert_eq!(r(Reducer::Overwrite, json!(1), json!(2)), Ok(json!(2)));
+        assert_eq!(r(Reducer::Append, json!([1]), json!(2)), Ok(json!([1, 2])));
         assert_eq!(
-            reduce(Reducer::Append, &json!([1]), &json!(2)),
-            json!([1, 2])
+            r(Reducer::Append, json!([1]), json!([2, 3])),
+            Ok(json!([1, 2, 3]))
         );
         assert_eq!(
-            reduce(Reducer::Append, &json!([1]), &json!([2, 3])),
-            json!([1, 2, 3])
-        );
-        assert_eq!(
-            reduce(Reducer::Merge, &json!({"a": 1, "b": 1}), &json!({"b": 2})),
-            json!({"a": 1, "b": 2})
+            r(Reducer::Merge, json!({"a": 1, "b": 1}), json!({"b": 2})),
+            Ok(json!({"a": 1, "b": 2}))
         );
         // Union is order-independent: either order of two writes gives one value.
-        let ab = reduce(
-            Reducer::Union,
-            &reduce(Reducer::Union, &json!([]), &json!("b")),
-            &json!("a"),
-        );
-        let ba = reduce(
-            Reducer::Union,
-            &reduce(Reducer::Union, &json!([]), &json!("a")),
-            &json!("b"),
-        );
+        let union = |a: &str, b: &str| {
+            let first = r(Reducer::Union, json!([]), json!(a)).expect("list");
+            r(Reducer::Union, first, json!(b)).expect("list")
+        };
+        let (ab, ba) = (union("b", "a"), union("a", "b"));
         assert_eq!(ab, ba);
-        assert_eq!(reduce(Reducer::Union, &ab, &json!("a")), ab);
+        assert_eq!(r(Reducer::Union, ab.clone(), json!("a")), Ok(ab));
+    }
+
+    #[test]
+    fn reducers_refuse_what_they_cannot_combine() {
+        let refused = |reducer, current: Value, write: Value| {
+            reduce(reducer, &current, &write).expect_err("refused")
+        };
+        let e = refused(Reducer::Merge, json!({"a": 1}), json!("x"));
+        assert_eq!((e.value, e.write), (JsonType::Object, JsonType::String));
+        let e = refused(Reducer::Merge, json!("x"), json!({"a": 1}));
+        assert_eq!((e.value, e.write), (JsonType::String, JsonType::Object));
+        let e = refused(Reducer::Append, json!({"a": 1}), json!(1));
+        assert_eq!(e.reducer, Reducer::Append);
+        refused(Reducer::Union, json!(3), json!(1));
+        // `null` is the empty value of every reducer.
+        assert_eq!(
+            reduce(Reducer::Merge, &json!(null), &json!({"a": 1})),
+            Ok(json!({"a": 1}))
+        );
+        assert_eq!(
+            reduce(Reducer::Append, &json!(null), &json!(1)),
+            Ok(json!([1]))
+        );
     }
 }

@@ -19,8 +19,8 @@ use poimen_workflow::{
 use serde_json::Value;
 
 use crate::effects::{
-    Clock, Failure, FailureClass, Sleep, ToolCall, ToolHost, ToolIdentity, ToolResult, Verdict,
-    VerifierCall, VerifierResult,
+    Clock, Failure, FailureClass, Sleep, ToolCall, ToolHost, ToolResult, Verdict, VerifierCall,
+    VerifierResult,
 };
 use crate::runnable::{Runnable, WorkflowLoader};
 
@@ -265,21 +265,6 @@ impl VerifierRegistry for ScriptedTools {
     }
 }
 
-fn identity(info: ToolInfo) -> ToolIdentity {
-    ToolIdentity {
-        name: info.name,
-        version: info.version.to_string(),
-        digest: info.digest,
-    }
-}
-
-fn unresolved(what: &str, r: &ToolRef) -> Failure {
-    Failure::new(
-        FailureClass::Unavailable,
-        format!("{what} `{r}` is not scripted"),
-    )
-}
-
 /// Counts a call as in flight until it is dropped.
 struct InFlight(Arc<AtomicUsize>);
 
@@ -291,22 +276,6 @@ impl Drop for InFlight {
 
 #[async_trait]
 impl ToolHost for ScriptedTools {
-    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure> {
-        let info = self
-            .tools
-            .resolve(tool)
-            .map_err(|_| unresolved("tool", tool))?;
-        let effect = info.effect;
-        Ok((identity(info), effect))
-    }
-
-    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure> {
-        self.verifiers
-            .resolve(verifier)
-            .map(identity)
-            .map_err(|_| unresolved("verifier", verifier))
-    }
-
     async fn invoke(&self, call: ToolCall) -> ToolResult {
         lock(&self.calls).push(call.clone());
         let n = {

@@ -530,7 +530,7 @@ async fn walk_cancel_in_flight_stops_the_guest_and_closes_the_intent() {
         [
             IntentPhase::Pending,
             IntentPhase::Dispatched,
-            IntentPhase::Failed
+            IntentPhase::Abandoned
         ]
     );
     let st = &out.state.steps[&StepId::from("a")];

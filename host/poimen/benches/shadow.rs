@@ -58,7 +58,7 @@ async fn bench() {
     let candidate = Target::File(root.join("fixtures/shadow/text-report.reformatted.json"));
 
     // Warm up (compile cache, first publish), then record.
-    host.run(&live, json!({"text": "warm up"}), None)
+    host.run(&live, json!({"text": "warm up"}), Default::default())
         .await
         .expect("warm-up run");
     let mut live_times = Vec::with_capacity(RUNS);
@@ -71,7 +71,7 @@ async fn bench() {
         };
         let t = Instant::now();
         let out = host
-            .run(&live, json!({ "text": text }), None)
+            .run(&live, json!({ "text": text }), Default::default())
             .await
             .expect("live run");
         live_times.push(t.elapsed());

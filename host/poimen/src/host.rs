@@ -321,6 +321,49 @@ pub struct Loaded {
     pub version: WorkflowVersion,
 }
 
+/// How a run starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// The same (version, input) under this key returns the existing run;
+    /// another input under it is refused. Keys are global across tenants.
+    pub idempotency_key: Option<String>,
+    /// The run's tenant (`default` when absent): stored with the run and
+    /// its children, and a filter when listing runs.
+    pub tenant: Option<String>,
+}
+
+impl RunOptions {
+    /// A run under an idempotency key.
+    pub fn key(key: impl Into<String>) -> RunOptions {
+        RunOptions {
+            idempotency_key: Some(key.into()),
+            tenant: None,
+        }
+    }
+
+    fn into_start(self) -> StartOptions {
+        StartOptions {
+            idempotency_key: self.idempotency_key,
+            tenant: self
+                .tenant
+                .map(poimen_executor::TenantId)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Which version a newly published one descends from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Parent<'a> {
+    /// The workflow's latest stored version (none for its first).
+    #[default]
+    Latest,
+    /// This version: a full version, an abbreviation, or `ID@latest`.
+    Version(&'a str),
+    /// None: the version starts a new history.
+    Root,
+}
+
 /// What publishing did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Published {
@@ -407,17 +450,27 @@ impl Host {
 
     /// Validates and publishes a definition. A definition that does not
     /// validate is never published.
-    pub async fn publish(
-        &self,
-        def: &WorkflowDef,
-        parent: Option<&str>,
-    ) -> Result<Published, Error> {
+    pub async fn publish(&self, def: &WorkflowDef, parent: Parent<'_>) -> Result<Published, Error> {
         let validated = self.validate(def).await?;
         let parent = match parent {
-            Some(p) => Some(self.resolve_version(p).await?),
-            None => None,
+            Parent::Latest => self.latest_other(&validated).await?,
+            Parent::Version(p) => Some(self.resolve_version(p).await?),
+            Parent::Root => None,
         };
         self.publish_validated(&validated, parent).await
+    }
+
+    /// The workflow's latest stored version, unless it is `v` itself: the
+    /// parent a newly published version records by default, so the
+    /// version DAG stays connected.
+    async fn latest_other(&self, v: &Validated) -> Result<Option<WorkflowVersion>, Error> {
+        Ok(self
+            .inner
+            .store()
+            .latest_version(&v.def().id)
+            .await?
+            .map(|r| r.version)
+            .filter(|p| *p != v.version()))
     }
 
     async fn publish_validated(
@@ -556,7 +609,8 @@ impl Host {
             Target::File(path) => {
                 let loaded = load_file(path)?;
                 let v = self.validate(&loaded.def).await?;
-                self.publish_validated(&v, None).await?;
+                let parent = self.latest_other(&v).await?;
+                self.publish_validated(&v, parent).await?;
                 Ok(v)
             }
             Target::Version(text) => {
@@ -581,15 +635,15 @@ impl Host {
         &self,
         target: &Target,
         input: Value,
-        idempotency_key: Option<String>,
+        opts: RunOptions,
     ) -> Result<RunOutcome, Error> {
         let v = self.arm(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
-        let opts = StartOptions {
-            idempotency_key,
-            ..StartOptions::default()
-        };
-        Ok(self.inner.executor().run(runnable, input, opts).await?)
+        Ok(self
+            .inner
+            .executor()
+            .run(runnable, input, opts.into_start())
+            .await?)
     }
 
     /// Starts a run and returns its id without waiting for it (the run is
@@ -598,15 +652,15 @@ impl Host {
         &self,
         target: &Target,
         input: Value,
-        idempotency_key: Option<String>,
+        opts: RunOptions,
     ) -> Result<RunId, Error> {
         let v = self.arm(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
-        let opts = StartOptions {
-            idempotency_key,
-            ..StartOptions::default()
-        };
-        let started = self.inner.executor().start(runnable, input, opts).await?;
+        let started = self
+            .inner
+            .executor()
+            .start(runnable, input, opts.into_start())
+            .await?;
         let exec = self.inner.executor().clone();
         let run = started.run.clone();
         tokio::spawn(async move {
@@ -634,12 +688,13 @@ impl Host {
     }
 
     /// Recent runs, newest first.
-    pub async fn runs(&self, limit: u32) -> Result<Vec<RunRecord>, Error> {
+    pub async fn runs(&self, limit: u32, tenant: Option<&str>) -> Result<Vec<RunRecord>, Error> {
         Ok(self
             .inner
             .store()
             .list_runs(poimen_store::RunFilter {
                 limit: Some(limit),
+                tenant: tenant.map(str::to_owned),
                 ..Default::default()
             })
             .await?)
@@ -686,7 +741,9 @@ impl Host {
                 !(reconciled
                     || (ps.contains(&Pending)
                         && ps.contains(&Dispatched)
-                        && ps.last().is_some_and(|p| matches!(p, Committed | Failed))))
+                        && ps
+                            .last()
+                            .is_some_and(|p| matches!(p, Committed | Failed | Abandoned))))
             })
             .map(|((s, it, at), ps)| {
                 format!(

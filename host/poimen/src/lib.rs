@@ -15,7 +15,7 @@
 //! use poimen::{Host, Target};
 //! let host = Host::builder().store_path(".poimen/poimen.db").build().await?;
 //! let outcome = host
-//!     .run(&Target::parse("fixtures/examples/hello.yaml"), serde_json::json!({"text": "hello world"}), None)
+//!     .run(&Target::parse("fixtures/examples/hello.yaml"), serde_json::json!({"text": "hello world"}), Default::default())
 //!     .await?;
 //! println!("{} {:?}: {:?}", outcome.run, outcome.status, outcome.output);
 //! # Ok(()) }
@@ -34,8 +34,8 @@ pub use loader::{CheckError, check, fetch_subworkflows};
 // (the CLI uses nothing else).
 pub use host::{
     Audit, EffortMode, Episode, Error, Host, HostBuilder, Loaded, MAX_WORKFLOW_FILE_BYTES,
-    ModelChoice, OpenAiConfig, Plan, PlannedStep, Published, Rule, RunOutcome, RunStatus, Target,
-    load_file,
+    ModelChoice, OpenAiConfig, Parent, Plan, PlannedStep, Published, Rule, RunOptions, RunOutcome,
+    RunStatus, Target, load_file,
 };
 pub use poimen_executor as executor;
 pub use poimen_executor::{

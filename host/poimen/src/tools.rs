@@ -11,7 +11,7 @@ use poimen_executor::{
     VerifierResult,
 };
 use poimen_sandbox::{InvokeError, ToolError};
-use poimen_workflow::{EffectClass, ToolRef, ToolRegistry, Unresolved, VerifierRegistry};
+use poimen_workflow::ToolRef;
 
 /// Tools and verifiers run by a [`poimen_sandbox::PluginHost`].
 #[derive(Debug, Clone)]
@@ -34,11 +34,17 @@ pub fn classify(e: &InvokeError) -> FailureClass {
         | InvokeError::DigestMismatch { .. }
         | InvokeError::Host(_) => FailureClass::Unavailable,
         InvokeError::Timeout { .. } => FailureClass::Timeout,
+        // The component broke its own declared contract (its output
+        // schema): a contract failure, carried as data (see `failure`).
+        InvokeError::OutputSchema { .. } => FailureClass::Contract,
         _ => FailureClass::Failed,
     }
 }
 
 fn failure(e: InvokeError) -> Failure {
+    if let InvokeError::OutputSchema { tool, violations } = e {
+        return Failure::contract(poimen_executor::Contract::ToolOutput { tool, violations });
+    }
     let class = classify(&e);
     let message = match &e {
         InvokeError::DigestMismatch { .. } => {
@@ -49,26 +55,6 @@ fn failure(e: InvokeError) -> Failure {
         _ => e.to_string(),
     };
     Failure::new(class, message)
-}
-
-fn unresolved(what: &str, r: &ToolRef, u: Unresolved) -> Failure {
-    if let Some(reason) = u.withheld {
-        return Failure::new(
-            FailureClass::Unavailable,
-            format!("{what} `{r}` is installed but withheld: {reason}"),
-        );
-    }
-    let mut msg = format!("{what} `{r}` is not registered (searched {})", u.registry);
-    if !u.available_versions.is_empty() {
-        msg.push_str(&format!(
-            "; registered versions: {}",
-            u.available_versions.join(", ")
-        ));
-    }
-    if !u.nearest.is_empty() {
-        msg.push_str(&format!("; did you mean {}?", u.nearest.join(", ")));
-    }
-    Failure::new(FailureClass::Unavailable, msg)
 }
 
 /// The exact reference to a pinned component: its name at its version.
@@ -82,35 +68,6 @@ fn exact(identity: &ToolIdentity) -> ToolRef {
 
 #[async_trait]
 impl ToolHost for SandboxTools {
-    fn pin_tool(&self, tool: &ToolRef) -> Result<(ToolIdentity, EffectClass), Failure> {
-        let info = self
-            .host
-            .tools()
-            .resolve_tool(tool)
-            .map_err(|u| unresolved("tool", tool, u))?;
-        Ok((
-            ToolIdentity {
-                name: info.name,
-                version: info.version.to_string(),
-                digest: info.digest,
-            },
-            info.effect,
-        ))
-    }
-
-    fn pin_verifier(&self, verifier: &ToolRef) -> Result<ToolIdentity, Failure> {
-        let info = self
-            .host
-            .verifiers()
-            .resolve_verifier(verifier)
-            .map_err(|u| unresolved("verifier", verifier, u))?;
-        Ok(ToolIdentity {
-            name: info.name,
-            version: info.version.to_string(),
-            digest: info.digest,
-        })
-    }
-
     async fn invoke(&self, call: ToolCall) -> ToolResult {
         let request =
             poimen_sandbox::ToolRequest::new(exact(&call.tool), call.args, call.idempotency_key)

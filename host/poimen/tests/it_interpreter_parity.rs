@@ -180,7 +180,7 @@ impl Harness {
                 assert!(
                     matches!(
                         ps.last(),
-                        Some(IntentPhase::Committed | IntentPhase::Failed)
+                        Some(IntentPhase::Committed | IntentPhase::Failed | IntentPhase::Abandoned)
                     ),
                     "{step}: {ps:?}"
                 );

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use poimen_workflow::Unresolved;
+use poimen_workflow::{SchemaViolation, Unresolved};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::PolicyError;
@@ -82,6 +82,14 @@ pub enum InvokeError {
     /// is not JSON, a score outside 0..=1).
     #[error("invalid output: {0}")]
     InvalidOutput(String),
+    /// The tool returned JSON that breaks its declared output schema; the
+    /// output is discarded. `tool` is `name@version`; `violations` lists at
+    /// most 16, in the order the schema evaluates them.
+    #[error("{}", output_schema(.tool, .violations))]
+    OutputSchema {
+        tool: String,
+        violations: Vec<SchemaViolation>,
+    },
     /// The tool's own error.
     #[error("{0}")]
     Tool(ToolError),
@@ -110,6 +118,26 @@ fn unresolved(u: &Unresolved) -> String {
     s
 }
 
+fn output_schema(tool: &str, violations: &[SchemaViolation]) -> String {
+    let mut s =
+        format!("the component `{tool}` returned output that breaks its declared output schema:");
+    for (i, v) in violations.iter().enumerate() {
+        s.push_str(if i == 0 { " " } else { "; " });
+        if v.at.is_empty() {
+            s.push_str("at the top level");
+        } else {
+            s.push_str("at ");
+            s.push_str(&v.at);
+        }
+        s.push_str(&format!(": {}: {}", v.rule, v.message));
+    }
+    if violations.len() >= crate::schema::MAX_VIOLATIONS {
+        s.push_str(&format!(" (the first {} listed)", violations.len()));
+    }
+    s.push_str("; fix the component or its declared schema");
+    s
+}
+
 impl InvokeError {
     /// A stable, snake_case name of the variant, used in records.
     pub fn kind(&self) -> &'static str {
@@ -125,6 +153,7 @@ impl InvokeError {
             InvokeError::GuestPanicked { .. } => "guest_panicked",
             InvokeError::Trap { .. } => "trap",
             InvokeError::InvalidOutput(_) => "invalid_output",
+            InvokeError::OutputSchema { .. } => "output_schema",
             InvokeError::Tool(ToolError::InvalidInput(_)) => "invalid_input",
             InvokeError::Tool(ToolError::Failed(_)) => "failed",
             InvokeError::Tool(ToolError::Unavailable(_)) => "unavailable",
@@ -264,6 +293,33 @@ mod tests {
             "no tools (bundled) matches `jsn@*`; did you mean json?"
         );
         assert_eq!(e.kind(), "not_found");
+    }
+
+    #[test]
+    fn an_output_schema_violation_names_the_tool_pointers_rules_and_the_fix() {
+        let e = InvokeError::OutputSchema {
+            tool: "adv-bad-output@0.1.0".into(),
+            violations: vec![
+                SchemaViolation {
+                    at: "/n".into(),
+                    rule: "type".into(),
+                    message: r#""seven" is not of type "integer""#.into(),
+                },
+                SchemaViolation {
+                    at: String::new(),
+                    rule: "required".into(),
+                    message: r#""m" is a required property"#.into(),
+                },
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "the component `adv-bad-output@0.1.0` returned output that breaks its declared \
+             output schema: at /n: type: \"seven\" is not of type \"integer\"; at the top \
+             level: required: \"m\" is a required property; fix the component or its \
+             declared schema"
+        );
+        assert_eq!(e.kind(), "output_schema");
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod limits;
 pub mod policy;
 pub mod record;
 mod registry;
+mod schema;
 mod state;
 
 pub use engine::CacheOutcome;
@@ -50,7 +51,7 @@ pub use host::{Tools, Verifiers};
 pub use imports::{Import, ImportClass};
 pub use limits::Limits;
 pub use poimen_workflow::{
-    Capability, EffectClass, Ineligibility, ToolInfo, ToolRef, shadow_eligibility,
+    Capability, EffectClass, Ineligibility, SchemaViolation, ToolInfo, ToolRef, shadow_eligibility,
 };
 pub use poimen_workflow::{ToolRegistry, VerifierRegistry};
 pub use policy::{Grant, LimitOverrides, Policy, PolicySource};

@@ -22,6 +22,7 @@ use crate::imports::Import;
 use crate::limits::Limits;
 use crate::policy::Grant;
 use crate::record::{HostcallRecord, ToolIdentity};
+use crate::schema::OutputSchema;
 use crate::state::CallState;
 
 /// Which world a component exports.
@@ -59,6 +60,9 @@ pub(crate) struct Loaded {
     pub limits: Limits,
     pub cache: CacheOutcome,
     pub describe_record: HostcallRecord,
+    /// `info.output_schema`, compiled at load; a tool's every result is
+    /// checked against it (a verifier's result is a verdict, not JSON).
+    pub output_schema: OutputSchema,
 }
 
 /// A registry entry, as listed.

@@ -56,6 +56,7 @@ impl Target {
                 id: run.clone(),
                 version: v.version,
                 input: b"{}".to_vec(),
+                tenant: poimen_store::DEFAULT_TENANT.to_owned(),
                 idempotency_key: None,
                 parent: None,
                 owner: None,

@@ -68,6 +68,18 @@ pub enum StoreError {
     IdempotencyConflict(Box<IdempotencyConflict>),
     /// A run id is already used by a different run.
     RunIdConflict { id: RunId },
+    /// A child run names another tenant than its parent run's: a run's
+    /// sub-workflows belong to the run's tenant.
+    TenantMismatch {
+        /// The child run refused.
+        run: RunId,
+        /// The tenant the child named.
+        tenant: String,
+        /// Its parent run.
+        parent: RunId,
+        /// The parent's tenant.
+        parent_tenant: String,
+    },
     /// A commit's events do not continue the run's episode: another writer
     /// got there first, or the caller lost count.
     SequenceConflict { run: RunId, expected: u64, got: u64 },
@@ -102,8 +114,8 @@ pub enum StoreError {
     },
 }
 
-/// The details of [`StoreError::IdempotencyConflict`]: both runs' versions
-/// and input hashes.
+/// The details of [`StoreError::IdempotencyConflict`]: both runs' versions,
+/// input hashes and tenants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyConflict {
     pub key: String,
@@ -112,6 +124,10 @@ pub struct IdempotencyConflict {
     pub new_version: WorkflowVersion,
     pub existing_input_hash: BlobHash,
     pub new_input_hash: BlobHash,
+    /// Keys are global to the store: the run a key names may belong to
+    /// another tenant than the request's.
+    pub existing_tenant: String,
+    pub new_tenant: String,
 }
 
 impl std::fmt::Display for IdempotencyConflict {
@@ -123,7 +139,10 @@ impl std::fmt::Display for IdempotencyConflict {
             new_version,
             existing_input_hash,
             new_input_hash,
+            existing_tenant,
+            new_tenant,
         } = self;
+        let other_tenant = existing_tenant != new_tenant;
         write!(
             f,
             "idempotency key `{key}` already names run {existing_run} with input {existing_input_hash}"
@@ -131,14 +150,24 @@ impl std::fmt::Display for IdempotencyConflict {
         if existing_version != new_version {
             write!(f, " of version {existing_version}")?;
         }
+        if other_tenant {
+            write!(f, " of tenant `{existing_tenant}`")?;
+        }
         write!(f, "; this request has input {new_input_hash}")?;
         if existing_version != new_version {
             write!(f, " of version {new_version}")?;
         }
-        write!(
-            f,
-            ". Use a new key for a different request, or resend the same input"
-        )
+        if other_tenant {
+            write!(
+                f,
+                " of tenant `{new_tenant}`. Idempotency keys are global to the store, not per tenant: use a key no other tenant uses"
+            )
+        } else {
+            write!(
+                f,
+                ". Use a new key for a different request, or resend the same input"
+            )
+        }
     }
 }
 
@@ -247,6 +276,15 @@ impl fmt::Display for StoreError {
             StoreError::RunIdConflict { id } => write!(
                 f,
                 "run id {id} is already used by a different run; generate a fresh id"
+            ),
+            StoreError::TenantMismatch {
+                run,
+                tenant,
+                parent,
+                parent_tenant,
+            } => write!(
+                f,
+                "run {run} of tenant `{tenant}` cannot be a child of run {parent}, which belongs to tenant `{parent_tenant}`: a sub-workflow runs in its parent's tenant. Create the child with tenant `{parent_tenant}`; nothing was written"
             ),
             StoreError::SequenceConflict { run, expected, got } => write!(
                 f,

@@ -4,7 +4,7 @@
 //! benchmarks; the same semantics).
 //!
 //! What is kept: the immutable version DAG, content-addressed blobs, runs
-//! (with idempotency keys and leases), each run's append-only episode,
+//! (with their tenants, idempotency keys and leases), each run's append-only episode,
 //! write-ahead intent records and judgment requests. A run's progress is
 //! written through one atomic [`Commit`], with a per-commit [`Durability`].
 //!
@@ -31,9 +31,9 @@ pub use ids::{BlobHash, HASH_PREFIX, IdParseError, JudgmentId, RunId};
 pub use location::{LOCAL_DIR, LocationSource, STORE_FILE, StoreLocation};
 pub use memory::MemoryStore;
 pub use records::{
-    Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
-    JudgmentWrite, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
-    RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
+    Commit, CreateRun, DEFAULT_TENANT, Durability, IntentPhase, IntentRecord, JudgmentRecord,
+    JudgmentStatus, JudgmentWrite, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter,
+    RunRecord, RunStatus, RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};

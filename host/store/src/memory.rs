@@ -196,15 +196,18 @@ impl Store for MemoryStore {
             .version(&new.version)
             .map(|v| v.workflow_id.clone())
             .ok_or_else(|| StoreError::not_found(format!("workflow version {}", new.version)))?;
-        if let Some((parent, _)) = &new.parent
-            && s.run(parent).is_none()
-        {
-            return Err(StoreError::not_found(format!("parent run {parent}")));
+        if let Some((parent, _)) = &new.parent {
+            let parent_tenant = s
+                .run(parent)
+                .map(|p| p.tenant.as_str())
+                .ok_or_else(|| StoreError::not_found(format!("parent run {parent}")))?;
+            rules::check_parent_tenant(&new, parent_tenant)?;
         }
         let rec = RunRecord {
             id: new.id.clone(),
             workflow_id,
             version: new.version,
+            tenant: new.tenant,
             status: RunStatus::Queued,
             reason: None,
             input_hash,
@@ -242,6 +245,7 @@ impl Store for MemoryStore {
                     .as_ref()
                     .is_none_or(|w| &r.workflow_id == w)
             })
+            .filter(|r| filter.tenant.as_ref().is_none_or(|t| &r.tenant == t))
             .filter(|r| {
                 filter
                     .parent

@@ -96,6 +96,14 @@ pub struct WorkflowSummary {
 
 // -------------------------------------------------------------------- runs
 
+/// The tenant of a run that names none: what single-tenant hosts use, and
+/// what every run stored before schema version 3 belongs to.
+pub const DEFAULT_TENANT: &str = "default";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_owned()
+}
+
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -168,6 +176,11 @@ pub struct RunRecord {
     /// The workflow id of `version`, filled in by the store.
     pub workflow_id: WorkflowId,
     pub version: WorkflowVersion,
+    /// The tenant the run belongs to ([`DEFAULT_TENANT`] unless the creator
+    /// named one). Part of the run's identity: it never changes, and a child
+    /// run has its parent's.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub status: RunStatus,
     /// Why the run is blocked, failed or cancelled (free text for people).
     pub reason: Option<String>,
@@ -194,6 +207,10 @@ pub struct NewRun {
     /// the same transaction as the run, so a run's input can always be read
     /// back; `input_hash` of the record is their Blake3.
     pub input: Vec<u8>,
+    /// The tenant the run belongs to ([`DEFAULT_TENANT`] for single-tenant
+    /// hosts). A child run must name its parent's tenant.
+    pub tenant: String,
+    /// Global to the store, not scoped by tenant.
     pub idempotency_key: Option<String>,
     pub parent: Option<(RunId, StepId)>,
     /// Claim the run for this host at creation.
@@ -237,6 +254,8 @@ impl CreateRun {
 pub struct RunFilter {
     pub status: Option<RunStatus>,
     pub workflow_id: Option<WorkflowId>,
+    /// Runs of this tenant only (`None`: of every tenant).
+    pub tenant: Option<String>,
     pub parent: Option<RunId>,
     pub limit: Option<u32>,
 }
@@ -277,9 +296,21 @@ pub enum IntentPhase {
     Committed,
     /// The call failed (or was never made) and the error class is recorded.
     Failed,
+    /// The run was cancelled while the call was dispatched: its outcome is
+    /// unknown, and nobody will wait for it. May follow `dispatched` only.
+    Abandoned,
 }
 
 impl IntentPhase {
+    /// Every phase, in protocol order.
+    pub const ALL: [IntentPhase; 5] = [
+        IntentPhase::Pending,
+        IntentPhase::Dispatched,
+        IntentPhase::Committed,
+        IntentPhase::Failed,
+        IntentPhase::Abandoned,
+    ];
+
     /// The snake_case name, as stored.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -287,24 +318,21 @@ impl IntentPhase {
             IntentPhase::Dispatched => "dispatched",
             IntentPhase::Committed => "committed",
             IntentPhase::Failed => "failed",
+            IntentPhase::Abandoned => "abandoned",
         }
     }
 
     /// The phase named `s`.
     pub fn parse(s: &str) -> Option<IntentPhase> {
-        [
-            IntentPhase::Pending,
-            IntentPhase::Dispatched,
-            IntentPhase::Committed,
-            IntentPhase::Failed,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
+        IntentPhase::ALL.into_iter().find(|p| p.as_str() == s)
     }
 
-    /// Committed or failed: no phase may follow.
+    /// Committed, failed or abandoned: no phase may follow.
     pub fn is_terminal(self) -> bool {
-        matches!(self, IntentPhase::Committed | IntentPhase::Failed)
+        matches!(
+            self,
+            IntentPhase::Committed | IntentPhase::Failed | IntentPhase::Abandoned
+        )
     }
 }
 

@@ -88,6 +88,7 @@ pub(crate) fn check_parent(
     }
 }
 
+#[cfg(feature = "sqlite")]
 /// A version record read back: its bytes must still hash to its name.
 pub(crate) fn verify_version(rec: VersionRecord, path: &Path) -> Result<VersionRecord, StoreError> {
     let actual = WorkflowVersion::of_canonical_bytes(&rec.canonical);
@@ -126,6 +127,7 @@ pub(crate) fn recreate(
     input_hash: BlobHash,
 ) -> Result<CreateRun, StoreError> {
     let same = existing.version == new.version
+        && existing.tenant == new.tenant
         && existing.input_hash == input_hash
         && existing.idempotency_key == new.idempotency_key
         && existing.parent == new.parent;
@@ -137,12 +139,20 @@ pub(crate) fn recreate(
 }
 
 /// Creating `new` when its idempotency key already names `existing`.
+///
+/// Keys are global to the store, not scoped by tenant; the same request is
+/// the same version and input *of the same tenant*. A key naming another
+/// tenant's run is a conflict: answering with that run would hand one
+/// tenant another's run.
 pub(crate) fn reuse_key(
     existing: RunRecord,
     new: &NewRun,
     input_hash: BlobHash,
 ) -> Result<CreateRun, StoreError> {
-    if existing.version == new.version && existing.input_hash == input_hash {
+    if existing.version == new.version
+        && existing.input_hash == input_hash
+        && existing.tenant == new.tenant
+    {
         return Ok(CreateRun::Existing(existing));
     }
     Err(StoreError::IdempotencyConflict(Box::new(
@@ -153,22 +163,41 @@ pub(crate) fn reuse_key(
             new_version: new.version,
             existing_input_hash: existing.input_hash,
             new_input_hash: input_hash,
+            existing_tenant: existing.tenant,
+            new_tenant: new.tenant.clone(),
         },
     )))
+}
+
+/// A child run belongs to its parent's tenant: `new`, whose parent run is
+/// of `parent_tenant`, must name the same.
+pub(crate) fn check_parent_tenant(new: &NewRun, parent_tenant: &str) -> Result<(), StoreError> {
+    match &new.parent {
+        Some((parent, _)) if new.tenant != parent_tenant => Err(StoreError::TenantMismatch {
+            run: new.id.clone(),
+            tenant: new.tenant.clone(),
+            parent: parent.clone(),
+            parent_tenant: parent_tenant.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `next` may follow `previous` for one (run, step, iteration, attempt).
 ///
 /// pending → dispatched (again, after a crash: re-dispatch under the same
-/// key) → committed | failed; failed may follow pending directly (the call
-/// was never made). Nothing follows committed or failed.
+/// key) → committed | failed | abandoned; failed may follow pending directly
+/// (the call was never made). Abandoned follows dispatched only: the run was
+/// cancelled while the call was out, so its outcome is unknown — a call
+/// still pending was never made and ends `failed`. Nothing follows
+/// committed, failed or abandoned.
 pub(crate) fn intent_may_follow(previous: Option<IntentPhase>, next: IntentPhase) -> bool {
     use IntentPhase::*;
     matches!(
         (previous, next),
         (None, Pending)
             | (Some(Pending | Dispatched), Dispatched | Failed)
-            | (Some(Dispatched), Committed)
+            | (Some(Dispatched), Committed | Abandoned)
     )
 }
 
@@ -233,4 +262,57 @@ pub(crate) fn check_run_update(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole protocol table: every (previous, next) pair, allowed or not.
+    #[test]
+    fn intent_protocol_table() {
+        use IntentPhase::*;
+        let allowed = [
+            (None, Pending),
+            (Some(Pending), Dispatched),
+            (Some(Pending), Failed),
+            (Some(Dispatched), Dispatched),
+            (Some(Dispatched), Committed),
+            (Some(Dispatched), Failed),
+            (Some(Dispatched), Abandoned),
+        ];
+        let previous = std::iter::once(None).chain(IntentPhase::ALL.map(Some));
+        for prev in previous {
+            for next in IntentPhase::ALL {
+                assert_eq!(
+                    intent_may_follow(prev, next),
+                    allowed.contains(&(prev, next)),
+                    "{prev:?} → {next:?}"
+                );
+            }
+            if let Some(p) = prev {
+                // A terminal phase is exactly one nothing may follow.
+                let followed = IntentPhase::ALL
+                    .into_iter()
+                    .any(|n| intent_may_follow(Some(p), n));
+                assert_eq!(p.is_terminal(), !followed, "{p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn phases_round_trip_through_their_names_and_serde() {
+        for p in IntentPhase::ALL {
+            assert_eq!(IntentPhase::parse(p.as_str()), Some(p));
+            assert_eq!(
+                serde_json::to_value(p).ok(),
+                Some(serde_json::Value::String(p.as_str().to_owned()))
+            );
+        }
+        assert_eq!(
+            IntentPhase::parse("abandoned"),
+            Some(IntentPhase::Abandoned)
+        );
+        assert_eq!(IntentPhase::parse("Abandoned"), None);
+    }
 }

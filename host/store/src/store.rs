@@ -71,9 +71,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Creates a run, `queued`, with its input stored as a blob in the same
     /// transaction. The version must be stored (its workflow id becomes the
-    /// run's), and so must a parent run. Under an idempotency key, the same
-    /// (version, input) returns the existing run; a different one is refused
-    /// with [`StoreError::IdempotencyConflict`] naming both input hashes.
+    /// run's), and so must a parent run, whose tenant a child must share
+    /// ([`StoreError::TenantMismatch`]). Idempotency keys are global to the
+    /// store, not scoped by tenant: under a key, the same (version, input,
+    /// tenant) returns the existing run; a different one is refused with
+    /// [`StoreError::IdempotencyConflict`] naming both input hashes.
     /// Retrying a create with the same id and content returns
     /// [`CreateRun::Existing`]; the same id with other content is
     /// [`StoreError::RunIdConflict`]. Durable when it returns.
@@ -93,8 +95,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// with [`StoreError::SequenceConflict`] unless the events continue the
     /// run's episode exactly (the first event of a run is `seq` 0), with
     /// [`StoreError::IntentOutOfOrder`] if an intent phase breaks the
-    /// protocol (pending → dispatched… → committed | failed; failed may also
-    /// follow pending), with [`StoreError::RunFinal`] when it would change a
+    /// protocol (pending → dispatched… → committed | failed | abandoned;
+    /// failed may also follow pending), with [`StoreError::RunFinal`] when it would change a
     /// completed or cancelled run. Durable per `commit.durability`.
     async fn commit(&self, commit: Commit) -> StoreResult<()>;
 

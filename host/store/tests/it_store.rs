@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poimen_store::{
-    BlobHash, Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
-    JudgmentWrite, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunId,
-    RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore, Store, StoreError,
-    Ulid, VersionRecord,
+    BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, IntentPhase, IntentRecord, JudgmentId,
+    JudgmentStatus, JudgmentWrite, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome,
+    RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore,
+    Store, StoreError, Ulid, VersionRecord,
 };
 use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use serde_json::{Value, json};
@@ -60,6 +60,7 @@ fn new_run(n: u128, version: WorkflowVersion, input: &Value) -> NewRun {
         id: run_id(n),
         version,
         input: serde_json::to_vec(input).expect("json"),
+        tenant: DEFAULT_TENANT.to_owned(),
         idempotency_key: None,
         parent: None,
         owner: None,
@@ -176,6 +177,10 @@ conformance!(
     sequence_conflicts_are_detected,
     a_failed_commit_leaves_nothing,
     intents_are_append_only_and_follow_the_protocol,
+    abandoned_follows_dispatched_only_and_is_final,
+    runs_carry_their_tenant,
+    a_child_of_another_tenant_is_refused,
+    idempotency_keys_are_global_across_tenants,
     judgments_open_and_answer_once,
     run_updates_and_final_states,
     leases_and_recovery_queries,
@@ -837,12 +842,7 @@ async fn intents_are_append_only_and_follow_the_protocol(h: &Harness) {
         .await
         .expect("committed");
     // Nothing follows a terminal phase.
-    for phase in [
-        IntentPhase::Pending,
-        IntentPhase::Dispatched,
-        IntentPhase::Committed,
-        IntentPhase::Failed,
-    ] {
+    for phase in IntentPhase::ALL {
         let err = write(vec![intent(id, "a", 1, phase)])
             .await
             .expect_err("after committed");
@@ -900,6 +900,357 @@ async fn intents_are_append_only_and_follow_the_protocol(h: &Harness) {
         .await
         .expect_err("other run");
     assert!(matches!(err, StoreError::InvalidCommit { .. }), "{err:?}");
+}
+
+async fn abandoned_follows_dispatched_only_and_is_final(h: &Harness) {
+    use IntentPhase::*;
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let id = &run.id;
+    let write = |records: Vec<IntentRecord>| {
+        let mut c = Commit::new(id.clone());
+        c.intents = records;
+        s.commit(c)
+    };
+    let refused = |err: StoreError, step: &str, previous: Option<IntentPhase>| {
+        assert!(
+            matches!(
+                &err,
+                StoreError::IntentOutOfOrder { step: st, phase: Abandoned, previous: p, .. }
+                    if st.as_str() == step && *p == previous
+            ),
+            "{step}: {err:?}"
+        );
+        assert!(err.to_string().contains("`abandoned`"), "{err}");
+    };
+
+    // Cancelled while dispatched: the call's outcome is unknown.
+    write(vec![intent(id, "a", 1, Pending)])
+        .await
+        .expect("pending");
+    write(vec![intent(id, "a", 1, Dispatched)])
+        .await
+        .expect("dispatched");
+    write(vec![intent(id, "a", 1, Abandoned)])
+        .await
+        .expect("abandoned after dispatched");
+    // Final: nothing follows it, not even another abandoned.
+    for phase in IntentPhase::ALL {
+        let err = write(vec![intent(id, "a", 1, phase)])
+            .await
+            .expect_err("after abandoned");
+        assert!(
+            matches!(
+                &err,
+                StoreError::IntentOutOfOrder {
+                    previous: Some(Abandoned),
+                    ..
+                }
+            ),
+            "{phase}: {err:?}"
+        );
+    }
+    // The same protocol inside one batch, after a re-dispatch.
+    write(vec![
+        intent(id, "b", 1, Pending),
+        intent(id, "b", 1, Dispatched),
+        intent(id, "b", 1, Dispatched),
+        intent(id, "b", 1, Abandoned),
+    ])
+    .await
+    .expect("one batch");
+
+    // Never as the first phase, nor after pending (the call was never made:
+    // that is `failed`), committed or failed.
+    let err = write(vec![intent(id, "c", 1, Abandoned)])
+        .await
+        .expect_err("first");
+    refused(err, "c", None);
+    write(vec![intent(id, "c", 1, Pending)])
+        .await
+        .expect("pending");
+    let err = write(vec![intent(id, "c", 1, Abandoned)])
+        .await
+        .expect_err("after pending");
+    refused(err, "c", Some(Pending));
+    write(vec![
+        intent(id, "d", 1, Pending),
+        intent(id, "d", 1, Dispatched),
+        intent(id, "d", 1, Committed),
+        intent(id, "e", 1, Pending),
+        intent(id, "e", 1, Failed),
+    ])
+    .await
+    .expect("committed and failed");
+    let err = write(vec![intent(id, "d", 1, Abandoned)])
+        .await
+        .expect_err("after committed");
+    refused(err, "d", Some(Committed));
+    let err = write(vec![intent(id, "e", 1, Abandoned)])
+        .await
+        .expect_err("after failed");
+    refused(err, "e", Some(Failed));
+
+    // A refused phase refuses its whole commit: the event did not land either.
+    let mut c = commit_of(id, vec![event(0, "run_cancelled")]);
+    c.intents = vec![intent(id, "f", 1, Pending), intent(id, "f", 1, Abandoned)];
+    let err = s.commit(c).await.expect_err("in a batch");
+    refused(err, "f", Some(Pending));
+    assert!(s.events(id).await.expect("events").is_empty());
+
+    let seen: Vec<_> = s
+        .intents(id)
+        .await
+        .expect("intents")
+        .into_iter()
+        .map(|i| (i.step.to_string(), i.phase))
+        .collect();
+    let want: Vec<(String, IntentPhase)> = [
+        ("a", Pending),
+        ("a", Dispatched),
+        ("a", Abandoned),
+        ("b", Pending),
+        ("b", Dispatched),
+        ("b", Dispatched),
+        ("b", Abandoned),
+        ("c", Pending),
+        ("d", Pending),
+        ("d", Dispatched),
+        ("d", Committed),
+        ("e", Pending),
+        ("e", Failed),
+    ]
+    .into_iter()
+    .map(|(st, p)| (st.to_owned(), p))
+    .collect();
+    assert_eq!(seen, want);
+    assert!(Abandoned.is_terminal());
+}
+
+fn of_tenant(n: u128, version: WorkflowVersion, tenant: &str) -> NewRun {
+    NewRun {
+        tenant: tenant.to_owned(),
+        ..new_run(n, version, &json!({"n": n as u64}))
+    }
+}
+
+fn child_of(parent: u128, n: u128, version: WorkflowVersion, tenant: &str) -> NewRun {
+    NewRun {
+        parent: Some((run_id(parent), StepId::from("sub"))),
+        ..of_tenant(n, version, tenant)
+    }
+}
+
+fn ids(runs: &[RunRecord]) -> Vec<RunId> {
+    runs.iter().map(|r| r.id.clone()).collect()
+}
+
+async fn runs_carry_their_tenant(h: &Harness) {
+    let s = h.s();
+    let a = publish(s, "a.flow", "1", None).await;
+    let b = publish(s, "b.flow", "1", None).await;
+    let plain = s
+        .create_run(new_run(1, a.version, &json!(1)))
+        .await
+        .expect("default tenant")
+        .into_record();
+    assert_eq!(plain.tenant, DEFAULT_TENANT);
+    assert_eq!(DEFAULT_TENANT, "default");
+    let acme = s
+        .create_run(of_tenant(2, a.version, "acme"))
+        .await
+        .expect("acme")
+        .into_record();
+    assert_eq!(acme.tenant, "acme");
+    s.create_run(child_of(2, 3, b.version, "acme"))
+        .await
+        .expect("acme child");
+    s.create_run(of_tenant(4, b.version, "globex"))
+        .await
+        .expect("globex");
+
+    // Read back through every path that returns runs.
+    assert_eq!(s.run(&acme.id).await.expect("read"), Some(acme.clone()));
+    let kids = s.children(&acme.id).await.expect("children");
+    assert_eq!(
+        kids.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(),
+        ["acme"]
+    );
+    let tenants: Vec<_> = s
+        .in_flight_runs()
+        .await
+        .expect("in flight")
+        .into_iter()
+        .map(|r| r.tenant)
+        .collect();
+    assert_eq!(tenants, ["default", "acme", "acme", "globex"]);
+
+    // Filtering: one tenant, or every tenant.
+    let list = |filter: RunFilter| async move { ids(&s.list_runs(filter).await.expect("list")) };
+    let tenant = |t: &str| RunFilter {
+        tenant: Some(t.to_owned()),
+        ..RunFilter::default()
+    };
+    assert_eq!(list(tenant("acme")).await, [run_id(3), run_id(2)]);
+    assert_eq!(list(tenant(DEFAULT_TENANT)).await, [run_id(1)]);
+    assert_eq!(list(tenant("globex")).await, [run_id(4)]);
+    assert!(list(tenant("initech")).await.is_empty());
+    assert!(list(tenant("ACME")).await.is_empty(), "tenants are exact");
+    assert_eq!(
+        list(RunFilter::default()).await,
+        (1..=4u128).rev().map(run_id).collect::<Vec<_>>()
+    );
+    // With the other fields.
+    let acme_of_b = RunFilter {
+        workflow_id: Some(wf("b.flow")),
+        ..tenant("acme")
+    };
+    assert_eq!(list(acme_of_b).await, [run_id(3)]);
+    let acme_a = RunFilter {
+        workflow_id: Some(wf("a.flow")),
+        limit: Some(1),
+        ..tenant("acme")
+    };
+    assert_eq!(list(acme_a).await, [run_id(2)]);
+    let globex_children = RunFilter {
+        parent: Some(acme.id.clone()),
+        ..tenant("globex")
+    };
+    assert!(list(globex_children).await.is_empty());
+
+    // A retried create is the same run only under the same tenant.
+    assert_eq!(
+        s.create_run(of_tenant(2, a.version, "acme"))
+            .await
+            .expect("retry"),
+        CreateRun::Existing(acme.clone())
+    );
+    let err = s
+        .create_run(of_tenant(2, a.version, "globex"))
+        .await
+        .expect_err("same id, other tenant");
+    assert!(
+        matches!(&err, StoreError::RunIdConflict { id } if *id == acme.id),
+        "{err:?}"
+    );
+    assert_eq!(s.run(&acme.id).await.expect("read"), Some(acme));
+}
+
+async fn a_child_of_another_tenant_is_refused(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "a.flow", "1", None).await;
+    let parent = s
+        .create_run(of_tenant(1, v.version, "acme"))
+        .await
+        .expect("parent")
+        .into_record();
+    let nothing_written = |n: u128| async move {
+        assert!(s.run(&run_id(n)).await.expect("read").is_none());
+        let input = serde_json::to_vec(&json!({"n": n as u64})).expect("json");
+        assert_eq!(s.blob(&BlobHash::of(&input)).await.expect("blob"), None);
+        assert!(s.children(&run_id(1)).await.expect("children").is_empty());
+        assert_eq!(
+            ids(&s.list_runs(RunFilter::default()).await.expect("list")),
+            [run_id(1)]
+        );
+    };
+
+    for (n, tenant) in [(2, "globex"), (3, DEFAULT_TENANT)] {
+        let err = s
+            .create_run(child_of(1, n, v.version, tenant))
+            .await
+            .expect_err("other tenant");
+        match &err {
+            StoreError::TenantMismatch {
+                run,
+                tenant: t,
+                parent: p,
+                parent_tenant,
+            } => {
+                assert_eq!(*run, run_id(n));
+                assert_eq!(t, tenant);
+                assert_eq!(*p, parent.id);
+                assert_eq!(parent_tenant, "acme");
+            }
+            other => panic!("expected TenantMismatch, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains(run_id(n).as_str())
+                && msg.contains(parent.id.as_str())
+                && msg.contains(&format!("`{tenant}`"))
+                && msg.contains("`acme`")
+                && msg.contains("nothing was written"),
+            "{msg}"
+        );
+        nothing_written(n).await;
+    }
+
+    // Under its parent's tenant the same child is created.
+    let child = s
+        .create_run(child_of(1, 2, v.version, "acme"))
+        .await
+        .expect("same tenant")
+        .into_record();
+    assert_eq!(child.tenant, "acme");
+    assert_eq!(
+        ids(&s.children(&parent.id).await.expect("children")),
+        [child.id]
+    );
+}
+
+async fn idempotency_keys_are_global_across_tenants(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "a.flow", "1", None).await;
+    let keyed = |n: u128, tenant: &str| NewRun {
+        idempotency_key: Some("order-42".into()),
+        input: serde_json::to_vec(&json!({"order": 42})).expect("json"),
+        ..of_tenant(n, v.version, tenant)
+    };
+    let first = s
+        .create_run(keyed(1, "acme"))
+        .await
+        .expect("acme")
+        .into_record();
+    // The same request of the same tenant: the existing run.
+    assert_eq!(
+        s.create_run(keyed(2, "acme")).await.expect("again"),
+        CreateRun::Existing(first.clone())
+    );
+    // The same key, version and input from another tenant: the key is taken.
+    let err = s
+        .create_run(keyed(3, "globex"))
+        .await
+        .expect_err("other tenant");
+    match &err {
+        StoreError::IdempotencyConflict(c) => {
+            assert_eq!(c.key, "order-42");
+            assert_eq!(c.existing_run, first.id);
+            assert_eq!(
+                (c.existing_tenant.as_str(), c.new_tenant.as_str()),
+                ("acme", "globex")
+            );
+            assert_eq!(c.existing_input_hash, c.new_input_hash);
+        }
+        other => panic!("expected IdempotencyConflict, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`acme`") && msg.contains("`globex`") && msg.contains("global"),
+        "{msg}"
+    );
+    for n in 2..=3 {
+        assert!(s.run(&run_id(n)).await.expect("read").is_none());
+    }
+    // A different input from the same tenant says nothing of tenants.
+    let err = s
+        .create_run(NewRun {
+            input: b"{}".to_vec(),
+            ..keyed(4, "acme")
+        })
+        .await
+        .expect_err("other input");
+    assert!(!err.to_string().contains("tenant"), "{err}");
 }
 
 async fn judgments_open_and_answer_once(h: &Harness) {
@@ -1295,7 +1646,13 @@ async fn triggers_refuse_rewriting_history_through_raw_sql() {
         "DELETE FROM intents",
         "UPDATE runs SET input_hash = 'b3:0000000000000000000000000000000000000000000000000000000000000000'",
         "UPDATE runs SET version = 'b3:0000000000000000000000000000000000000000000000000000000000000000'",
+        "UPDATE runs SET tenant = 'other'",
         "DELETE FROM runs",
+        // A child run in another tenant than its parent's.
+        "INSERT INTO runs (id, workflow_id, version, status, input_hash, parent_run, parent_step,
+                           created_at, updated_at, tenant)
+         SELECT 'WFR-child', workflow_id, version, 'queued', input_hash, id, 'sub', 0, 0, 'other'
+         FROM runs",
         // A gap in an episode.
         "INSERT INTO events (run, seq, at, kind, body) SELECT id, 5, 0, 'gap', '{}' FROM runs",
     ] {
@@ -1491,31 +1848,38 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
+    assert_eq!(SCHEMA_VERSION, 3, "this code writes schema 3");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("poimen.db");
     populated_store(&path).await;
-    raw(&path)
-        .execute_batch("PRAGMA user_version = 99;")
-        .expect("bump");
-    let before = file_digest(&path);
-    let err = SqliteStore::open(&path).await.expect_err("newer");
-    assert!(
-        matches!(
-            err,
-            StoreError::NewerSchema {
-                found: 99,
-                supported: SCHEMA_VERSION,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    let msg = err.to_string();
-    assert!(
-        msg.contains("99") && msg.contains(&SCHEMA_VERSION.to_string()),
-        "{msg}"
-    );
-    assert_eq!(file_digest(&path), before, "nothing changed");
+    // The next schema (a v4 store written by a newer poimen), and one far ahead.
+    for found in [SCHEMA_VERSION + 1, 99] {
+        raw(&path)
+            .execute_batch(&format!("PRAGMA user_version = {found};"))
+            .expect("bump");
+        let before = file_digest(&path);
+        let err = SqliteStore::open(&path).await.expect_err("newer");
+        assert!(
+            matches!(
+                err,
+                StoreError::NewerSchema {
+                    found: f,
+                    supported: SCHEMA_VERSION,
+                    ..
+                } if f == found
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("schema version {found}"))
+                && msg.contains(&format!("the {SCHEMA_VERSION} this poimen supports"))
+                && msg.contains("newer poimen"),
+            "{msg}"
+        );
+        assert_eq!(file_digest(&path), before, "nothing changed");
+        assert!(!sibling(&path, "-wal").exists(), "nothing left beside it");
+    }
 }
 
 /// The data in `tests/fixtures/store_v1.sql`, written through the current API.
@@ -1646,15 +2010,75 @@ async fn observe(s: &dyn Store) -> Vec<String> {
     seen
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_v1_store_opens_and_reads_as_written() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("v1.db");
-    raw(&path)
-        .execute_batch(include_str!("fixtures/store_v1.sql"))
+/// Every table of an SQLite store and the order to read its rows in.
+const TABLES: [(&str, &str); 8] = [
+    ("schema_migrations", "version"),
+    ("versions", "seq"),
+    ("blobs", "hash"),
+    ("runs", "seq"),
+    ("events", "run, seq"),
+    ("intents", "id"),
+    ("judgments", "seq"),
+    ("judgment_answers", "judgment"),
+];
+
+type Rows = Vec<Vec<rusqlite::types::Value>>;
+
+/// Every row of every table, read with raw SQL.
+fn all_rows(db: &rusqlite::Connection) -> Vec<Rows> {
+    TABLES
+        .iter()
+        .map(|(table, order)| {
+            let mut stmt = db
+                .prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))
+                .expect("prepare");
+            let n = stmt.column_count();
+            stmt.query_map([], |r| (0..n).map(|k| r.get(k)).collect())
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows")
+        })
+        .collect()
+}
+
+/// Loads the frozen v1 fixture at `path`, then, for `version` 2, applies
+/// migration 2 by hand as a v2 poimen did: the store a user of that version has.
+fn old_store(path: &Path, version: u32) {
+    assert!(
+        matches!(version, 1 | 2),
+        "a v{version} store cannot be made here"
+    );
+    let db = raw(path);
+    db.execute_batch(include_str!("fixtures/store_v1.sql"))
         .expect("load the v1 fixture");
-    let s = sqlite_at(&path).await;
-    let version: i64 = raw(&path)
+    if version >= 2 {
+        db.execute_batch(&format!(
+            "BEGIN;
+             {}
+             INSERT INTO schema_migrations (version, name)
+                 VALUES (2, 'intents: drop the redundant index intents_by_run');
+             PRAGMA user_version = 2;
+             COMMIT;",
+            include_str!("../src/sqlite/schema_v2.sql")
+        ))
+        .expect("migration 2 by hand");
+    }
+    let found: i64 = db
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("user_version");
+    assert_eq!(found, i64::from(version));
+}
+
+/// Opens the old store at `path` (at schema `from`) with the current code and
+/// checks the upgrade: every row intact, runs in the default tenant, the
+/// rebuilt intents table guarded, the API reading exactly what the same data
+/// written by this code reads, and new writes — an `abandoned` phase among
+/// them — taken.
+async fn upgrades_with_every_row_intact(path: &Path, from: u32) {
+    let before = all_rows(&raw(path));
+    let s = sqlite_at(path).await;
+    let db = raw(path);
+    let version: i64 = db
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .expect("user_version");
     assert_eq!(
@@ -1662,25 +2086,163 @@ async fn a_v1_store_opens_and_reads_as_written() {
         i64::from(SCHEMA_VERSION),
         "upgraded to the current schema"
     );
-    let applied: i64 = raw(&path)
-        .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
-        .expect("migrations");
-    assert_eq!(applied, i64::from(SCHEMA_VERSION));
+
+    let after = all_rows(&db);
+    for (k, (table, _)) in TABLES.iter().enumerate() {
+        match *table {
+            // One row per migration: the old ones as they were, then the new.
+            "schema_migrations" => {
+                assert_eq!(after[k][..before[k].len()], before[k][..], "{table}");
+                let applied: Vec<_> = after[k].iter().map(|r| r[0].clone()).collect();
+                let want: Vec<_> = (1..=i64::from(SCHEMA_VERSION))
+                    .map(rusqlite::types::Value::Integer)
+                    .collect();
+                assert_eq!(applied, want, "{table}");
+            }
+            // Every old column as it was; the tenant, new, is `default`.
+            "runs" => {
+                assert_eq!(after[k].len(), before[k].len(), "{table}");
+                for (new, old) in after[k].iter().zip(&before[k]) {
+                    assert_eq!(new[..old.len()], old[..], "{table}");
+                    assert_eq!(
+                        new[old.len()..],
+                        [rusqlite::types::Value::Text(DEFAULT_TENANT.into())],
+                        "{table}"
+                    );
+                }
+            }
+            // Row for row, intents with their ids (the write order).
+            _ => assert_eq!(after[k], before[k], "{table} (from v{from})"),
+        }
+    }
+    assert!(!before[5].is_empty(), "the fixture has intents");
 
     // It reads exactly like the same data written by this code.
     let fresh = MemoryStore::new();
     fixture_contents(&fresh).await;
     assert_eq!(observe(&s).await, observe(&fresh).await);
+    let runs = s.list_runs(RunFilter::default()).await.expect("runs");
+    assert_eq!(runs.len(), 2);
+    assert!(runs.iter().all(|r| r.tenant == DEFAULT_TENANT), "{runs:?}");
+    let of_default = s
+        .list_runs(RunFilter {
+            tenant: Some(DEFAULT_TENANT.into()),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("of default");
+    assert_eq!(of_default, runs);
 
-    // And it takes new writes.
+    // And it takes new writes: an answer, and a call abandoned while dispatched.
     let mut c = commit_of(&run_id(1), vec![event(2, "judgment_received")]);
     c.judgments = vec![JudgmentWrite::Answer {
         id: judgment_id(2),
         result: json!({"verdict": false}),
         at: T0 + 50,
     }];
+    c.intents = vec![
+        intent(&run_id(1), "call", 1, IntentPhase::Pending),
+        intent(&run_id(1), "call", 1, IntentPhase::Dispatched),
+        intent(&run_id(1), "call", 1, IntentPhase::Abandoned),
+    ];
     s.commit(c).await.expect("write to upgraded store");
     assert!(s.open_judgments().await.expect("open").is_empty());
+    let phases: Vec<_> = s
+        .intents(&run_id(1))
+        .await
+        .expect("intents")
+        .into_iter()
+        .map(|i| i.phase)
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            IntentPhase::Pending,
+            IntentPhase::Dispatched,
+            IntentPhase::Abandoned
+        ]
+    );
+    let mut stmt = db
+        .prepare("SELECT id FROM intents ORDER BY id")
+        .expect("prepare");
+    let ids: Vec<i64> = stmt
+        .query_map([], |r| r.get(0))
+        .and_then(|rows| rows.collect())
+        .expect("ids");
+    drop(stmt);
+    assert_eq!(
+        ids,
+        [1, 2, 3, 4, 5, 6],
+        "new records continue the write order"
+    );
+    let child = s
+        .create_run(child_of(1, 3, fixture_version(&s).await, "other"))
+        .await
+        .expect_err("a child of an old run in another tenant");
+    assert!(
+        matches!(child, StoreError::TenantMismatch { .. }),
+        "{child:?}"
+    );
+    drop(s);
+
+    // The rebuilt intents table still refuses rewriting history.
+    for sql in [
+        "UPDATE intents SET phase = 'committed'",
+        "UPDATE intents SET output_hash = 'b3:forged' WHERE id = 3",
+        "DELETE FROM intents",
+        "DELETE FROM intents WHERE id = 1",
+        "UPDATE runs SET tenant = 'other'",
+    ] {
+        let err = db.execute(sql, []).expect_err(sql);
+        assert!(err.to_string().contains("poimen:"), "{sql}: {err}");
+    }
+    let err = db
+        .execute(
+            "INSERT INTO intents (run, step, iteration, attempt, phase, tool, tool_version,
+                digest, effect, args_hash, idempotency_key, at)
+             VALUES ('WFR-01HF7YAT000000000000000001', 'x', 0, 1, 'forgotten', 't', '1', 'd',
+                'pure', 'h', 'k', 0)",
+            [],
+        )
+        .expect_err("not a phase");
+    assert!(err.to_string().contains("CHECK"), "{err}");
+    let ok: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(ok, "ok");
+}
+
+/// The version the fixture's runs run.
+async fn fixture_version(s: &dyn Store) -> WorkflowVersion {
+    s.latest_version(&wf("fixture.flow"))
+        .await
+        .expect("latest")
+        .expect("published")
+        .version
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_store_opens_and_reads_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v1.db");
+    old_store(&path, 1);
+    upgrades_with_every_row_intact(&path, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_store_upgrades_to_v3_with_every_row_intact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v2.db");
+    old_store(&path, 2);
+    let indexes: i64 = raw(&path)
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'intents_by_run'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(indexes, 0, "a v2 store has no intents_by_run");
+    upgrades_with_every_row_intact(&path, 2).await;
 }
 
 // ------------------------------------------------- read-only and full disks
@@ -2057,6 +2619,21 @@ fn errors_say_what_where_and_what_to_do() {
         msgs[2]
     );
     assert!(msgs[3].contains("backup"), "{}", msgs[3]);
+
+    let m = StoreError::TenantMismatch {
+        run: run_id(2),
+        tenant: "globex".into(),
+        parent: run_id(1),
+        parent_tenant: "acme".into(),
+    }
+    .to_string();
+    assert!(
+        m.contains(run_id(2).as_str())
+            && m.contains(run_id(1).as_str())
+            && m.contains("`globex`")
+            && m.contains("Create the child with tenant `acme`"),
+        "{m}"
+    );
 }
 
 /// Blocking store work runs where the runtime allows: `block_in_place` on a

@@ -196,6 +196,7 @@ impl StepDef {
             kind: kind.into(),
             tools: ToolSelector::default(),
             verify: Vec::new(),
+            rubric: RubricDef::default(),
             retry: RetryPolicy::default(),
             timeout: None,
             writes: None,
@@ -282,6 +283,12 @@ impl StepDef {
         self
     }
 
+    /// Sets the rubric every attempt's output must meet.
+    pub fn with_rubric(mut self, rubric: RubricDef) -> Self {
+        self.rubric = rubric;
+        self
+    }
+
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -324,6 +331,7 @@ impl ModelStep {
             system: None,
             effort: ReasoningEffort::Medium,
             format: OutputFormat::Text,
+            schema: None,
             model: None,
         }
     }
@@ -340,6 +348,12 @@ impl ModelStep {
 
     pub fn with_format(mut self, format: OutputFormat) -> Self {
         self.format = format;
+        self
+    }
+
+    /// A JSON Schema the answer must satisfy (with `format: json`).
+    pub fn with_schema(mut self, schema: Value) -> Self {
+        self.schema = Some(schema);
         self
     }
 

@@ -33,7 +33,8 @@
 //!
 //! Sets (order is not meaning, the canonical form sorts them): `steps`,
 //! `transitions`, a step's `tools` and `verify`, `retry.on`,
-//! `rubric.criteria`, `state`, and the keys of every JSON object.
+//! `rubric.criteria` (of the workflow and of each step), `state`, and the
+//! keys of every JSON object.
 //! Sequences (order is meaning, kept as written): `Parallel.branches` (the
 //! order writes are applied at the join), judgment `sources` and
 //! `constraints` (the order they are shown to the judge), and JSON arrays.
@@ -488,6 +489,11 @@ pub struct StepDef {
     /// Verifiers run after every attempt; a failing verdict fails the attempt.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub verify: Vec<VerifierRef>,
+    /// Weighted criteria scored after every attempt (after `verify`): a
+    /// score below the threshold — or, without one, any failing criterion —
+    /// fails the attempt as a verifier rejection. Empty: no rubric.
+    #[serde(skip_serializing_if = "is_default")]
+    pub rubric: RubricDef,
     /// Serial retry of failed attempts.
     #[serde(skip_serializing_if = "is_default")]
     pub retry: RetryPolicy,
@@ -576,6 +582,10 @@ pub struct ModelStep {
     /// Whether the output is free text or must parse as JSON.
     #[serde(default, skip_serializing_if = "is_default")]
     pub format: OutputFormat,
+    /// JSON Schema the answer must satisfy (it must also parse as JSON, so
+    /// this needs `format: json`); no check when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
     /// Model name override; the provider's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -1058,7 +1068,9 @@ impl RetryOn {
     }
 }
 
-/// How a run's result is judged: weighted verifier criteria.
+/// How a result is judged: weighted verifier criteria. At the top level it
+/// judges a run's result; on a step ([`StepDef::rubric`]), each attempt's
+/// output.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RubricDef {

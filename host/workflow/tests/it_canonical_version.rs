@@ -10,7 +10,9 @@
 //! 3. The per-field must-differ table: one row per IR field; the rows are
 //!    checked against the fields of the format's JSON Schema, and the IR
 //!    structs are destructured without `..`, so adding a field without a
-//!    row fails the build or the test.
+//!    row fails the build or the test. The rubric's fields have rows at
+//!    both of their sites (the workflow's rubric and a step's), on
+//!    `step_fields.yaml`, a workflow with a step rubric and a model schema.
 //! 4. Canonicalizing twice gives identical bytes; stored bytes read back.
 //! 5. (Parent pointer with the v1 record unchanged on disk: the store's
 //!    tests — `host/store` — own it; this crate does no IO.)
@@ -272,6 +274,15 @@ fn field_rows() -> Vec<(&'static str, Mutation)> {
         ("StepDoc.retry", |d| {
             step_mut(d, "fetch_prs").retry = RetryPolicy::default()
         }),
+        ("StepDoc.rubric", |d| {
+            step_mut(d, "draft").rubric = RubricDef {
+                criteria: vec![
+                    Criterion::new("is_json", "json-schema".parse().expect("ref"))
+                        .with_config(json!({"schema": true})),
+                ],
+                threshold: None,
+            }
+        }),
         ("StepDoc.timeout", |d| {
             step_mut(d, "fetch_prs").timeout = Some(Millis(15_001))
         }),
@@ -308,6 +319,9 @@ fn field_rows() -> Vec<(&'static str, Mutation)> {
         }),
         ("ModelStep.model", |d| {
             kind_mut!(d, "draft", Model).model = Some("small".into())
+        }),
+        ("ModelStep.schema", |d| {
+            kind_mut!(d, "draft", Model).schema = Some(json!({"type": "object"}))
         }),
         ("ModelStep.prompt", |d| {
             kind_mut!(d, "draft", Model).prompt.0.push('.')
@@ -448,6 +462,209 @@ fn canonical_per_field_must_differ_table() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `fixtures/canonical/step_fields.yaml`: a model step with an answer
+/// schema and a step rubric.
+fn step_fields_base() -> WorkflowDef {
+    load(&canonical_dir().join("step_fields.yaml"))
+}
+
+/// The rubric fields again, at their second site — a step's rubric — so a
+/// canonicalizer that writes the workflow's rubric but drops a field of a
+/// step's (or the reverse) is caught; and the two step-level fields on a
+/// workflow that has them. Mutates [`step_fields_base`].
+fn step_field_rows() -> Vec<(&'static str, Mutation)> {
+    fn rubric(d: &mut WorkflowDef) -> &mut RubricDef {
+        &mut step_mut(d, "summarize").rubric
+    }
+    vec![
+        ("StepDoc.rubric", |d| *rubric(d) = RubricDef::default()),
+        ("RubricDef.criteria", |d| {
+            rubric(d).criteria.pop();
+        }),
+        ("RubricDef.threshold", |d| rubric(d).threshold = None),
+        ("Criterion.config", |d| {
+            rubric(d).criteria[1].config = json!({"pointer": "/summary", "regex": "\\w+"})
+        }),
+        ("Criterion.name", |d| {
+            rubric(d).criteria[1].name = "long_summary".into()
+        }),
+        ("Criterion.verifier", |d| {
+            rubric(d).criteria[1].verifier = "matches@^0.2".parse().expect("ref")
+        }),
+        ("Criterion.weight", |d| rubric(d).criteria[0].weight = 1.0),
+        ("ModelStep.schema", |d| {
+            // One element of one array: JSON arrays are ordered, schemas are
+            // written as they are.
+            kind_mut!(d, "summarize", Model).schema = Some(json!({
+                "type": "object",
+                "properties": {"title": {"type": "string"}, "summary": {"type": "string"}},
+                "required": ["summary", "title"]
+            }))
+        }),
+    ]
+}
+
+#[test]
+fn canonical_step_field_rows_cover_every_rubric_field_at_the_step_site() {
+    let rows: BTreeSet<String> = step_field_rows()
+        .iter()
+        .map(|(k, _)| (*k).to_owned())
+        .collect();
+    let want: BTreeSet<String> = schema_fields()
+        .into_iter()
+        .filter(|f| {
+            f.starts_with("RubricDef.")
+                || f.starts_with("Criterion.")
+                || f == "StepDoc.rubric"
+                || f == "ModelStep.schema"
+        })
+        .collect();
+    assert_eq!(rows, want);
+    assert_eq!(step_field_rows().len(), rows.len(), "a field has two rows");
+}
+
+#[test]
+fn canonical_per_field_must_differ_table_for_step_rubric_and_model_schema() {
+    let base = step_fields_base();
+    let v = version_of(&base);
+    let mut failures = Vec::new();
+    for (field, mutate) in step_field_rows() {
+        let mut d = base.clone();
+        mutate(&mut d);
+        if d == base {
+            failures.push(format!("{field}: the row does not change the IR"));
+        } else if version_of(&d) == v {
+            failures.push(format!(
+                "{field}: changed, but the version did not (the canonicalizer drops it)"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Pairs of documents that differ only in ways that must not matter for
+/// the step-level fields; each pair must have one version.
+#[test]
+fn canonical_step_rubric_and_model_schema_must_match() {
+    let step = |extra: &str| {
+        format!("id: w\nsteps:\n  - id: a\n    model: {{prompt: hi, format: json}}\n{extra}")
+    };
+    let pairs: Vec<(&str, String, String)> = vec![
+        (
+            "step rubric criteria in two orders (and members reordered)",
+            step(
+                "    rubric:\n      criteria:\n        - {name: shape, verifier: json-schema, config: {schema: true}, weight: 2}\n        - {name: word, verifier: matches@^0.1, config: {regex: x}}\n      threshold: 0.5\n",
+            ),
+            step(
+                "    rubric:\n      threshold: 0.5\n      criteria:\n        - {config: {regex: x}, verifier: matches@^0.1, name: word}\n        - {weight: 2.0, name: shape, config: {schema: true}, verifier: json-schema}\n",
+            ),
+        ),
+        (
+            "an explicit empty step rubric and none",
+            step("    rubric: {}\n"),
+            step(""),
+        ),
+        (
+            "empty criteria and a null threshold, and none",
+            step("    rubric: {criteria: [], threshold: null}\n"),
+            step(""),
+        ),
+        (
+            "criterion weight 1 written and left out",
+            step("    rubric:\n      criteria: [{name: c, verifier: matches, config: {regex: x}, weight: 1}]\n"),
+            step("    rubric:\n      criteria: [{name: c, verifier: matches, config: {regex: x}}]\n"),
+        ),
+        (
+            "`schema: null` and no schema",
+            "id: w\nsteps:\n  - id: a\n    model: {prompt: hi, format: json, schema: null}\n".to_owned(),
+            "id: w\nsteps:\n  - id: a\n    model: {prompt: hi, format: json}\n".to_owned(),
+        ),
+        (
+            "schema members reordered",
+            "id: w\nsteps:\n  - id: a\n    model: {prompt: hi, format: json, schema: {type: object, required: [x]}}\n".to_owned(),
+            "id: w\nsteps:\n  - id: a\n    model: {schema: {required: [x], type: object}, format: json, prompt: hi}\n".to_owned(),
+        ),
+    ];
+    for (what, a, b) in &pairs {
+        let da = parse(a.as_bytes(), Format::Yaml, "a").expect("a parses");
+        let db = parse(b.as_bytes(), Format::Yaml, "b").expect("b parses");
+        assert_ne!(a, b, "{what}: the pair must differ as text");
+        assert_eq!(version_of(&da), version_of(&db), "{what}: must match");
+        assert_eq!(canonical_bytes(&da), canonical_bytes(&db), "{what}");
+    }
+    // An empty rubric and a null schema leave no trace in the bytes.
+    let plain = parse(step("    rubric: {}\n").as_bytes(), Format::Yaml, "p").expect("parses");
+    assert_eq!(
+        String::from_utf8(canonical_bytes(&plain)).expect("utf-8"),
+        r#"{"id":"w","schema":1,"steps":[{"id":"a","model":{"format":"json","prompt":"hi"}}]}"#
+    );
+}
+
+#[test]
+fn canonical_step_rubric_and_model_schema_are_written_in_key_order_and_read_back() {
+    // retry < rubric < timeout; prompt < schema < system; criteria sorted by
+    // name; the schema written as canonical JSON with its arrays in order.
+    let d = parse(
+        b"id: w\nsteps:\n  - id: a\n    model:\n      system: Be terse.\n      schema: {type: object, required: [b, a]}\n      format: json\n      prompt: Hi\n    timeout: 30s\n    retry: {max_attempts: 2}\n    rubric:\n      criteria:\n        - {name: z, verifier: matches@^0.1, config: {regex: x}}\n        - {name: b, verifier: json-schema, config: {schema: true}, weight: 2.50}\n      threshold: 0.5\n",
+        Format::Yaml,
+        "w",
+    )
+    .expect("parses");
+    let bytes = canonical_bytes(&d);
+    assert_eq!(
+        String::from_utf8(bytes.clone()).expect("utf-8"),
+        r#"{"id":"w","schema":1,"steps":[{"id":"a","model":{"format":"json","prompt":"Hi","schema":{"required":["b","a"],"type":"object"},"system":"Be terse."},"retry":{"max_attempts":2},"rubric":{"criteria":[{"config":{"schema":true},"name":"b","verifier":"json-schema","weight":2.5},{"config":{"regex":"x"},"name":"z","verifier":"matches@^0.1"}],"threshold":0.5},"timeout":30000}]}"#
+    );
+    let back = from_canonical(&bytes).expect("canonical bytes read back");
+    assert_eq!(canonical_bytes(&back), bytes);
+    assert_eq!(back, canonicalize(&d));
+    let step = back.step("a").expect("step a");
+    let StepKind::Model(m) = &step.kind else {
+        panic!("{step:?}")
+    };
+    assert_eq!(
+        m.schema,
+        Some(json!({"type": "object", "required": ["b", "a"]}))
+    );
+    let names: Vec<&str> = step
+        .rubric
+        .criteria
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, ["b", "z"]);
+    assert_eq!(step.rubric.threshold, Some(0.5));
+    // The fixture with both fields, too; and the builders make the same IR.
+    let f = step_fields_base();
+    let once = canonical_bytes(&f);
+    assert_eq!(
+        canonical_bytes(&from_canonical(&once).expect("reads back")),
+        once
+    );
+    let built = WorkflowDef::new("w").with_step(
+        StepDef::new(
+            "a",
+            ModelStep::new("Hi")
+                .with_system("Be terse.")
+                .with_format(OutputFormat::Json)
+                .with_schema(json!({"type": "object", "required": ["b", "a"]})),
+        )
+        .with_retry(RetryPolicy::attempts(2))
+        .with_timeout(Millis::secs(30))
+        .with_rubric(RubricDef {
+            criteria: vec![
+                Criterion::new("z", "matches@^0.1".parse().expect("ref"))
+                    .with_config(json!({"regex": "x"})),
+                Criterion::new("b", ToolRef::any("json-schema"))
+                    .with_config(json!({"schema": true}))
+                    .with_weight(2.5),
+            ],
+            threshold: Some(0.5),
+        }),
+    );
+    assert_eq!(canonical_bytes(&built), bytes);
+}
+
 /// Lists every IR field by destructuring without `..`: a new field is a
 /// compile error here until it is given a row above (and a rule in the
 /// canonicalizer, whose encoder destructures the same way).
@@ -520,11 +737,22 @@ fn every_ir_field_is_listed(d: &WorkflowDef) {
         kind,
         tools: _,
         verify,
+        rubric: RubricDef {
+            criteria: step_criteria,
+            threshold: _,
+        },
         retry,
         timeout: _,
         writes: _,
     } in steps
     {
+        for Criterion {
+            name: _,
+            verifier: _,
+            config: _,
+            weight: _,
+        } in step_criteria
+        {}
         for VerifierRef {
             verifier: _,
             config: _,
@@ -543,6 +771,7 @@ fn every_ir_field_is_listed(d: &WorkflowDef) {
                 system: _,
                 effort: _,
                 format: _,
+                schema: _,
                 model: _,
             }) => {}
             StepKind::Tool(ToolStep { tool: _, args: _ }) => {}
@@ -680,6 +909,29 @@ fn canonical_docs_worked_example_recomputes_by_hand() {
     );
 }
 
+#[test]
+fn canonical_docs_step_fields_example_recomputes_by_hand() {
+    // The second worked example (a model `schema` and a step `rubric`).
+    let yaml = doc_blocks("yaml");
+    let example = yaml
+        .iter()
+        .find(|b| b.starts_with("id: s\n"))
+        .expect("step fields example");
+    let d = parse(example.as_bytes(), Format::Yaml, "doc").expect("parses");
+    let text = doc_blocks("text");
+    assert_eq!(
+        String::from_utf8(canonical_bytes(&d)).expect("utf-8"),
+        text[1].trim_end()
+    );
+    // The step examples of the reference (the step rubric's among them)
+    // parse as steps.
+    for b in yaml.iter().filter(|b| b.starts_with("- id:")) {
+        let steps: String = b.lines().map(|l| format!("  {l}\n")).collect();
+        let doc = format!("id: w\nsteps:\n{steps}");
+        parse(doc.as_bytes(), Format::Yaml, "doc").unwrap_or_else(|e| panic!("{e}\n{doc}"));
+    }
+}
+
 // ─── 7. golden versions ──────────────────────────────────────────────────
 
 /// The published versions of the fixtures. A change to the canonical
@@ -745,6 +997,10 @@ const GOLDEN: &[(&str, &str)] = &[
     (
         "canonical/must_match/yaml_vs_json.b.json",
         "b3:a09cb2c0ca32d88bfaedb480e54e2ea6ec5e59031f806ae55ef2968c83a24c59",
+    ),
+    (
+        "canonical/step_fields.yaml",
+        "b3:f7ed5244b1e29e807c29b5ddb8fea39530853faf546a9b862682f0b231b0c98a",
     ),
     (
         "canonical/must_differ/branch_order.yaml",
@@ -886,19 +1142,23 @@ fn arb_kind() -> impl Strategy<Value = StepKind> {
                 ReasoningEffort::High
             ]),
             any::<bool>(),
+            prop::option::of(arb_json()),
             prop::option::of(arb_id())
         )
-            .prop_map(|(p, s, effort, json, model)| StepKind::Model(ModelStep {
-                prompt: PromptTemplate(p),
-                system: s.map(PromptTemplate),
-                effort,
-                format: if json {
-                    OutputFormat::Json
-                } else {
-                    OutputFormat::Text
-                },
-                model,
-            })),
+            .prop_map(
+                |(p, s, effort, json, schema, model)| StepKind::Model(ModelStep {
+                    prompt: PromptTemplate(p),
+                    system: s.map(PromptTemplate),
+                    effort,
+                    format: if json {
+                        OutputFormat::Json
+                    } else {
+                        OutputFormat::Text
+                    },
+                    schema,
+                    model,
+                })
+            ),
         (arb_tool_ref(), arb_json()).prop_map(|(tool, args)| StepKind::Tool(ToolStep {
             tool,
             args: ArgTemplate(args)
@@ -954,6 +1214,33 @@ fn arb_kind() -> impl Strategy<Value = StepKind> {
     ]
 }
 
+/// A step's rubric: often none, criteria possibly sharing a name (ties are
+/// broken by canonical bytes).
+fn arb_rubric() -> impl Strategy<Value = RubricDef> {
+    (
+        prop::collection::vec(
+            (
+                arb_id(),
+                arb_tool_ref(),
+                arb_json(),
+                prop::sample::select(vec![1.0, 0.5, 2.0, 0.1]),
+            )
+                .prop_map(|(name, verifier, config, weight)| Criterion {
+                    name,
+                    verifier,
+                    config,
+                    weight,
+                }),
+            0..4,
+        ),
+        prop::option::of(prop::sample::select(vec![0.0, 0.5, 0.75, 1.0])),
+    )
+        .prop_map(|(criteria, threshold)| RubricDef {
+            criteria,
+            threshold,
+        })
+}
+
 fn arb_step() -> impl Strategy<Value = StepDef> {
     (
         arb_id(),
@@ -964,16 +1251,18 @@ fn arb_step() -> impl Strategy<Value = StepDef> {
                 .prop_map(|(verifier, config)| VerifierRef { verifier, config }),
             0..3,
         ),
+        arb_rubric(),
         arb_retry(),
         prop::option::of(arb_millis()),
         prop::option::of(arb_id()),
     )
         .prop_map(
-            |(id, kind, tools, verify, retry, timeout, writes)| StepDef {
+            |(id, kind, tools, verify, rubric, retry, timeout, writes)| StepDef {
                 id: StepId(id),
                 kind,
                 tools: ToolSelector(tools),
                 verify,
+                rubric,
                 retry,
                 timeout,
                 writes: writes.map(StateKey),
@@ -1149,8 +1438,9 @@ fn shuffle<T>(v: &mut [T], seed: &mut u64) {
 
 /// Permutes every unordered collection of the IR — whether or not the
 /// canonicalizer is known to sort it: steps, transitions, each step's
-/// tools and verifiers, retry classes, rubric criteria. (Maps — `state`
-/// and JSON objects — are permuted at the document level below.)
+/// tools and verifiers, retry classes, the criteria of the workflow's rubric
+/// and of each step's. (Maps — `state` and JSON objects — are permuted at
+/// the document level below.)
 fn permute_ir(d: &WorkflowDef, seed: u64) -> WorkflowDef {
     let mut s = seed | 1;
     let mut d = d.clone();
@@ -1161,6 +1451,7 @@ fn permute_ir(d: &WorkflowDef, seed: u64) -> WorkflowDef {
         shuffle(&mut step.tools.0, &mut s);
         shuffle(&mut step.verify, &mut s);
         shuffle(&mut step.retry.on, &mut s);
+        shuffle(&mut step.rubric.criteria, &mut s);
     }
     d
 }

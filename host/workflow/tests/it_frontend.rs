@@ -54,7 +54,10 @@ fn frontend_unknown_field_names_it_lists_the_allowed_and_suggests_the_nearest() 
             panic!("{e}")
         };
         assert_eq!(field, "efort");
-        assert_eq!(allowed, &["prompt", "system", "effort", "format", "model"]);
+        assert_eq!(
+            allowed,
+            &["prompt", "system", "effort", "format", "schema", "model"]
+        );
         assert_eq!(suggestion.as_deref(), Some("effort"));
         assert_eq!(e.path.as_deref(), Some("steps[0].model.efort"));
         assert_eq!(pos(&e), at, "{format}: {e}");

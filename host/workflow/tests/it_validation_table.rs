@@ -315,6 +315,16 @@ fn table() -> Vec<Row> {
             vec![e!(V::InvalidSchema { site: Site::Workflow { field }, .. } if field == "inputs")],
         ),
         row(
+            "invalid_model_schema.yaml",
+            vec![
+                e!(V::InvalidSchema { site: Site::Step { step, field }, .. } if s(step, "a") && field == "model.schema"),
+            ],
+        ),
+        row(
+            "schema_needs_json_format.yaml",
+            vec![e!(V::SchemaNeedsJsonFormat { step } if s(step, "a"))],
+        ),
+        row(
             "unresolved_tool.yaml",
             vec![e!(V::UnresolvedTool { step, name, registry, nearest, .. }
                 if s(step, "fetch") && name == "http-gte" && registry.starts_with("tools:") && nearest.first().map(String::as_str) == Some("http-get"))],
@@ -362,17 +372,41 @@ fn table() -> Vec<Row> {
         },
         row(
             "duplicate_criterion.yaml",
-            vec![e!(V::DuplicateCriterion { name } if name == "shape")],
+            vec![e!(V::DuplicateCriterion { step: None, name } if name == "shape")],
         ),
         row(
             "invalid_weight.yaml",
             vec![
-                e!(V::InvalidWeight { criterion, weight } if criterion == "shape" && *weight == 0.0),
+                e!(V::InvalidWeight { step: None, criterion, weight } if criterion == "shape" && *weight == 0.0),
             ],
         ),
         row(
             "invalid_threshold.yaml",
-            vec![e!(V::InvalidThreshold { threshold } if *threshold == 1.5)],
+            vec![e!(V::InvalidThreshold { step: None, threshold } if *threshold == 1.5)],
+        ),
+        // A step's rubric: the same checks, naming the step.
+        row(
+            "invalid_step_rubric_weight.yaml",
+            vec![
+                e!(V::InvalidWeight { step: Some(step), criterion, weight } if s(step, "a") && criterion == "shape" && *weight == -1.0),
+            ],
+        ),
+        row(
+            "unresolved_step_rubric_verifier.yaml",
+            vec![
+                e!(V::UnresolvedVerifier { site: Site::Step { step, field }, name, registry, nearest, .. }
+                if s(step, "a") && field == "rubric.criteria.shape" && name == "jsonschema"
+                    && registry.starts_with("verifiers:") && nearest.contains(&"json-schema".to_owned())),
+            ],
+        ),
+        row(
+            "step_rubric_checks.yaml",
+            vec![
+                e!(V::DuplicateCriterion { step: Some(step), name } if s(step, "a") && name == "shape"),
+                e!(V::InvalidThreshold { step: Some(step), threshold } if s(step, "a") && *threshold == 2.0),
+                e!(V::ConfigViolatesSchema { site: Site::Step { step, field }, verifier, .. }
+                if s(step, "a") && field == "rubric.criteria.word" && verifier == "matches"),
+            ],
         ),
         row(
             "unresolved_sub_workflow.yaml",
@@ -675,6 +709,95 @@ fn validation_positive_control_reference_workflow_has_zero_errors() {
         .expect_err("ineligible");
     assert!(
         matches!(errors.as_slice(), [ValidationError::ShadowIneligible { steps }] if steps.len() == 1)
+    );
+}
+
+#[test]
+fn validation_step_rubric_verifiers_are_resolved_pinned_and_checked_for_shadow() {
+    // `fixtures/canonical/step_fields.yaml` validates; `matches@^0.1` is
+    // used only by its step's rubric, and `Validated::verifiers` (what the
+    // executor pins) has it.
+    let (tools, verifiers) = registries();
+    let workflows = MemoryWorkflows::new();
+    let reg = Registries {
+        tools: &tools,
+        verifiers: &verifiers,
+        workflows: &workflows,
+    };
+    let def = load(&fixtures().join("canonical/step_fields.yaml"));
+    let v = validate(&def, &reg).unwrap_or_else(|e| panic!("{e:#?}"));
+    let pinned: Vec<String> = v.verifiers().keys().map(ToString::to_string).collect();
+    assert_eq!(pinned, ["json-schema@^0.1", "matches@^0.1"]);
+    assert!(v.eligibility().is_eligible());
+
+    // A step-rubric verifier that may not run in shadow evaluation is named
+    // with its step and criterion, and refuses a shadow-evaluable workflow.
+    let mut verifiers = verifiers;
+    verifiers.insert(ToolInfo {
+        name: "net-judge".into(),
+        version: semver::Version::new(0, 1, 0),
+        digest: "b3:00".into(),
+        description: String::new(),
+        input_schema: serde_json::Value::Null,
+        output_schema: serde_json::Value::Null,
+        capabilities: vec![Capability::Http],
+        effect: EffectClass::Pure,
+    });
+    let reg = Registries {
+        tools: &tools,
+        verifiers: &verifiers,
+        workflows: &workflows,
+    };
+    let def = WorkflowDef::new("w").with_shadow_evaluable(true).with_step(
+        StepDef::model("a", "hi").with_rubric(RubricDef {
+            criteria: vec![Criterion::new("remote", ToolRef::any("net-judge"))],
+            threshold: None,
+        }),
+    );
+    let errors = validate(&def, &reg).expect_err("ineligible");
+    let [ValidationError::ShadowIneligible { steps }] = errors.as_slice() else {
+        panic!("{errors:#?}")
+    };
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].step.as_ref().map(StepId::as_str), Some("a"));
+    assert_eq!(steps[0].criterion.as_deref(), Some("remote"));
+    assert_eq!(steps[0].tool, "net-judge");
+    assert!(
+        steps[0]
+            .to_string()
+            .starts_with("rubric criterion `remote` of step `a`"),
+        "{}",
+        steps[0]
+    );
+}
+
+#[test]
+fn validation_step_rubric_errors_name_the_step_and_workflow_ones_render_as_before() {
+    let errors =
+        run_fixture("invalid_step_rubric_weight.yaml", &Setup::default()).expect_err("invalid");
+    assert_eq!(
+        serde_json::to_value(&errors).expect("json"),
+        json!([{"code": "invalid_weight", "step": "a", "criterion": "shape", "weight": -1.0}])
+    );
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with("rubric criterion `shape` of step `a` has weight -1"),
+        "{}",
+        errors[0]
+    );
+    // The workflow's rubric: no `step` member, the message as it was.
+    let errors = run_fixture("invalid_weight.yaml", &Setup::default()).expect_err("invalid");
+    assert_eq!(
+        serde_json::to_value(&errors).expect("json"),
+        json!([{"code": "invalid_weight", "criterion": "shape", "weight": 0.0}])
+    );
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with("rubric criterion `shape` has weight 0"),
+        "{}",
+        errors[0]
     );
 }
 

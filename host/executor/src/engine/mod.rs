@@ -112,6 +112,9 @@ impl Executor {
             input,
             parent: None,
             idempotency_key: opts.idempotency_key,
+            id: None,
+            pins: None,
+            tenant: opts.tenant,
         };
         Ok(run::create(&self.kernel, store, spec).await?)
     }
@@ -197,16 +200,17 @@ impl Executor {
         })
     }
 
-    /// The root scope a top-level run is driven in.
-    fn root_scope(run: &RunId) -> RunScope {
-        RunScope::root(TenantId::default(), run.to_string())
+    /// The root scope a top-level run is driven in: its own tenant's.
+    fn root_scope(rec: &RunRecord) -> RunScope {
+        RunScope::root(TenantId(rec.tenant.clone()), rec.id.to_string())
     }
 
     /// A driving context over a top-level run's stored state.
     async fn load(&self, run: &RunId) -> Result<Arc<run::RunCtx>, RunError> {
         let (store, rec) = self.locate(run).await?;
         let runnable = self.runnable_of(&rec).await?;
-        Ok(run::load(&self.kernel, store, run, runnable, Self::root_scope(run), 0).await?)
+        let scope = Self::root_scope(&rec);
+        Ok(run::load(&self.kernel, store, run, runnable, scope, 0).await?)
     }
 
     /// Drives a top-level run.

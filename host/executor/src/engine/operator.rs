@@ -69,7 +69,9 @@ impl Executor {
         }
         let state = run::state(&*store, run).await?;
         let intents = store.intents(run).await?;
-        // Close every intent left dispatched.
+        // Close every intent left open, claiming no more than is known: a
+        // call never dispatched did not happen (failed); a dispatched one
+        // may or may not have had its effect (abandoned: outcome unknown).
         let mut last: BTreeMap<(StepId, u32, u32), &IntentRecord> = BTreeMap::new();
         for i in &intents {
             last.insert((i.step.clone(), i.iteration, i.attempt), i);
@@ -77,14 +79,26 @@ impl Executor {
         let now = self.kernel.clock.now_ms();
         let closing: Vec<IntentRecord> = last
             .values()
-            .filter(|i| matches!(i.phase, IntentPhase::Pending | IntentPhase::Dispatched))
-            .map(|i| IntentRecord {
-                phase: IntentPhase::Failed,
-                error: Some(format!("cancelled: {reason}")),
-                output_hash: None,
-                record: None,
-                at: now,
-                ..(*i).clone()
+            .filter_map(|i| {
+                let (phase, error) = match i.phase {
+                    IntentPhase::Pending => (
+                        IntentPhase::Failed,
+                        format!("cancelled before it was dispatched: {reason}"),
+                    ),
+                    IntentPhase::Dispatched => (
+                        IntentPhase::Abandoned,
+                        format!("cancelled with its outcome unknown: {reason}"),
+                    ),
+                    _ => return None,
+                };
+                Some(IntentRecord {
+                    phase,
+                    error: Some(error),
+                    output_hash: None,
+                    record: None,
+                    at: now,
+                    ..(*i).clone()
+                })
             })
             .collect();
         let batch = Batch {

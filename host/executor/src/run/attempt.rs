@@ -10,7 +10,7 @@ use poimen_workflow::{StepDef, StepId, StepKind};
 use serde_json::Value;
 
 use super::{Halt, Inconsistency, RunCtx, RunFailure, StepEnd};
-use crate::effects::{Failure, FailureClass, VerifierCall};
+use crate::effects::{Contract, Failure, FailureClass, VerifierCall};
 use crate::episode::{
     CallOutcome, EpisodeEvent, Receipt, StepStatus, VerdictOutcome, VerdictRecord,
 };
@@ -92,7 +92,27 @@ impl RunCtx {
             loop {
                 let spine = owner.is_none();
                 let at = AttemptId { iteration, attempt };
-                let end = self.clone().attempt(&def, at, spine, &scope).await?;
+                let mut end = self.clone().attempt(&def, at, spine, &scope).await?;
+                // Writes of parallel branches are applied by the join, in
+                // branch order, so completion order cannot matter.
+                let parallel_owned = owner.as_ref().is_some_and(|o| {
+                    matches!(
+                        self.runnable.step(o).map(|s| &s.kind),
+                        Some(StepKind::Parallel(_))
+                    )
+                });
+                // The state write is checked against the key's contract
+                // before the step counts as completed: a write that breaks
+                // it fails the attempt (and may be retried).
+                let mut write = None;
+                if let StepEnd::Completed(output) = &end
+                    && !parallel_owned
+                {
+                    match self.state_write(&def, output).await {
+                        Ok(w) => write = w,
+                        Err(failure) => end = StepEnd::Failed(failure),
+                    }
+                }
                 let finished = self
                     .snapshot()
                     .await
@@ -124,17 +144,7 @@ impl RunCtx {
                             failure: None,
                             receipt: Some(receipt),
                         });
-                        // Writes of parallel branches are applied by the join,
-                        // in branch order, so completion order cannot matter.
-                        let parallel_owned = owner.as_ref().is_some_and(|o| {
-                            matches!(
-                                self.runnable.step(o).map(|s| &s.kind),
-                                Some(StepKind::Parallel(_))
-                            )
-                        });
-                        if !parallel_owned && let Some(ev) = self.state_write(&def, &output).await {
-                            events.push(ev);
-                        }
+                        events.extend(write);
                         self.record(events).await?;
                         return Ok(StepEnd::Completed(output));
                     }
@@ -230,9 +240,29 @@ impl RunCtx {
         }
     }
 
-    /// The state write a completed step makes, if it declares one.
-    async fn state_write(&self, def: &StepDef, output: &Value) -> Option<EpisodeEvent> {
-        let key = def.writes.as_ref()?;
+    /// The state write a completed step makes, if it declares one — or
+    /// the contract it would break.
+    async fn state_write(
+        &self,
+        def: &StepDef,
+        output: &Value,
+    ) -> Result<Option<EpisodeEvent>, Failure> {
+        let Some(key) = def.writes.as_ref() else {
+            return Ok(None);
+        };
+        let snap = self.state.lock().await;
+        let value = self.reduced(key.as_str(), snap.state.get(key.as_str()), output)?;
+        Ok(Some(value))
+    }
+
+    /// The `state_written` event of a write to `key` whose current value is
+    /// `current`: through the key's reducer, checked against its schema.
+    pub(super) fn reduced(
+        &self,
+        key: &str,
+        current: Option<&Value>,
+        write: &Value,
+    ) -> Result<EpisodeEvent, Failure> {
         let reducer = self
             .runnable
             .def
@@ -240,15 +270,25 @@ impl RunCtx {
             .get(key)
             .and_then(|d| d.reducer)
             .unwrap_or_default();
-        let snap = self.state.lock().await;
-        let current = snap
-            .state
-            .get(key.as_str())
-            .cloned()
-            .unwrap_or_else(|| RunState::initial_value(reducer));
-        let value = reduce(reducer, &current, output);
-        Some(EpisodeEvent::StateWritten {
-            key: key.0.clone(),
+        let initial = RunState::initial_value(reducer);
+        let value = reduce(reducer, current.unwrap_or(&initial), write).map_err(|e| {
+            Failure::contract(Contract::Reducer {
+                key: key.to_owned(),
+                reducer: e.reducer,
+                value: e.value,
+                write: e.write,
+            })
+        })?;
+        if let Some(schema) = self.runnable.schemas.state.get(key) {
+            schema.check(&value).map_err(|v| {
+                Failure::contract(Contract::StateSchema {
+                    key: key.to_owned(),
+                    violations: v.0,
+                })
+            })?;
+        }
+        Ok(EpisodeEvent::StateWritten {
+            key: key.to_owned(),
             reducer,
             value_hash: hash_json(&value),
             value,
@@ -306,25 +346,76 @@ impl RunCtx {
             ),
             StepKind::SubWorkflow(s) => (
                 Value::Null,
-                self.clone()
-                    .subworkflow_attempt(def, s, at.iteration, scope)
-                    .await?,
+                self.clone().subworkflow_attempt(def, s, at, scope).await?,
             ),
             StepKind::Judgment(j) => (Value::Null, self.judgment_attempt(def, j, at).await?),
         };
-        match end {
+        let end = match end {
             StepEnd::Completed(output) if !def.verify.is_empty() => {
-                self.verify(def, at, input, output, scope).await
+                self.verify(def, at, &input, output, scope).await?
+            }
+            other => other,
+        };
+        match end {
+            StepEnd::Completed(output) if !def.rubric.criteria.is_empty() => {
+                self.step_rubric(def, at, &input, output, scope).await
             }
             other => Ok(other),
         }
+    }
+
+    /// The step's rubric on an attempt's output: recorded, then it decides.
+    async fn step_rubric(
+        &self,
+        def: &StepDef,
+        at: AttemptId,
+        input: &Value,
+        output: Value,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        let recorded = self
+            .snapshot()
+            .await
+            .steps
+            .get(&def.id)
+            .filter(|s| s.iteration == at.iteration && s.attempt == at.attempt)
+            .and_then(|s| s.current.rubric.clone());
+        let verdict = match recorded {
+            Some(v) => v,
+            None => {
+                let timeout = def.effective_timeout().as_duration();
+                let v = match self
+                    .score_rubric(&def.rubric, input, &output, timeout, scope)
+                    .await?
+                {
+                    Ok(v) => v,
+                    Err(stop) => return Ok(stop.into()),
+                };
+                self.record(vec![EpisodeEvent::RubricScored {
+                    step: Some(def.id.clone()),
+                    iteration: Some(at.iteration),
+                    attempt: Some(at.attempt),
+                    verdict: v.clone(),
+                }])
+                .await?;
+                v
+            }
+        };
+        Ok(if verdict.passed {
+            StepEnd::Completed(output)
+        } else {
+            StepEnd::Failed(Failure::new(
+                FailureClass::Verifier,
+                super::rubric::rejection(&verdict),
+            ))
+        })
     }
 
     async fn verify(
         &self,
         def: &StepDef,
         at: AttemptId,
-        input: Value,
+        input: &Value,
         output: Value,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {

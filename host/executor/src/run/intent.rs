@@ -109,7 +109,7 @@ impl RunCtx {
                 self.commit(dispatched()).await?;
                 crash_point("after_dispatched");
             }
-            Some(IntentPhase::Committed | IntentPhase::Failed) => {
+            Some(IntentPhase::Committed | IntentPhase::Failed | IntentPhase::Abandoned) => {
                 return Err(Inconsistency::FinalIntentWithoutCall {
                     step: def.id.clone(),
                     attempt,
@@ -176,10 +176,12 @@ impl RunCtx {
                             failure: failure.clone(),
                         },
                     )],
+                    // The guest was stopped mid-call: whether its effect
+                    // happened is not known, and the record says so.
                     vec![intent(
-                        IntentPhase::Failed,
+                        IntentPhase::Abandoned,
                         None,
-                        Some(failure.to_string()),
+                        Some(format!("{failure}; its outcome is unknown")),
                         None,
                     )],
                 ))

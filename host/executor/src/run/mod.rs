@@ -20,6 +20,7 @@
 
 mod attempt;
 mod intent;
+mod rubric;
 mod start;
 mod steps;
 mod walk;
@@ -156,6 +157,8 @@ pub(crate) enum RunFailure {
     OutputTemplate(crate::render::RenderError),
     #[error("the run's output does not match the workflow's `outputs` schema: {0}")]
     OutputSchema(crate::schema::Violations),
+    #[error("the run's result fails the workflow's rubric: {}", rubric::rejection(.0))]
+    Rubric(crate::episode::RubricVerdict),
     #[error("internal error: {0}")]
     Inconsistent(Inconsistency),
 }

@@ -3,20 +3,19 @@
 //! registered as active. The engine does this for top-level runs; a
 //! sub-workflow step does it for its child.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use poimen_store::{CreateRun, IntentRecord, NewRun, RunId, RunStatus, Store, StoreError};
-use poimen_workflow::{StepKind, WorkflowId};
+use poimen_workflow::WorkflowId;
 use serde_json::Value;
 
 use super::{Batch, CommitError, Driving, RunCtx, RunOutcome, StatusChange};
 use crate::effects::Failure;
-use crate::episode::{Episode, EpisodeError, EpisodeEvent, ParentLink, PinnedTool};
+use crate::episode::{Episode, EpisodeError, EpisodeEvent, ParentLink, Pins};
 use crate::hash::canonical_json;
 use crate::kernel::Kernel;
 use crate::runnable::Runnable;
-use crate::scope::RunScope;
+use crate::scope::{RunScope, TenantId};
 use crate::state::{FoldError, RunState, refold};
 
 /// A run that was started, or found under its idempotency key.
@@ -72,11 +71,22 @@ pub(crate) struct NewRunSpec {
     pub input: Value,
     pub parent: Option<ParentLink>,
     pub idempotency_key: Option<String>,
+    /// The run's id when the caller decided it (a child run's, recorded by
+    /// its parent before it is created); a fresh one otherwise.
+    pub id: Option<RunId>,
+    /// What the run pins: a child's come from its parent's start; a
+    /// top-level run's from its version.
+    pub pins: Option<Pins>,
+    /// A child run's is its parent's.
+    pub tenant: TenantId,
 }
 
 /// Creates a run in `store` and records its start: the input is checked
-/// against the workflow's `inputs`, and every tool and verifier it can
-/// reach is pinned (name, version, digest) in its `run_started` event.
+/// against the workflow's `inputs`, and everything it can reach is pinned
+/// (tools and verifiers with digests, sub-workflow versions) in its
+/// `run_started` event. Creating a run that exists (the same id, or the
+/// same idempotency key and input) returns it — and finishes its start if
+/// a host stopped between creating it and recording that.
 pub(crate) async fn create(
     kernel: &Arc<Kernel>,
     store: Arc<dyn Store>,
@@ -87,73 +97,70 @@ pub(crate) async fn create(
         input,
         parent,
         idempotency_key,
+        id,
+        pins,
+        tenant,
     } = spec;
     let def = &runnable.def;
-    if let Some(schema) = &def.inputs {
-        crate::schema::check(schema, &input).map_err(|violations| CreateError::InvalidInput {
-            workflow: def.id.clone(),
-            violations,
-        })?;
+    if let Some(schema) = &runnable.schemas.inputs {
+        schema
+            .check(&input)
+            .map_err(|violations| CreateError::InvalidInput {
+                workflow: def.id.clone(),
+                violations,
+            })?;
     }
-    let unavailable = |cause| CreateError::Unavailable {
-        workflow: def.id.clone(),
-        cause,
-    };
-    let mut tools = BTreeMap::new();
-    let mut verifiers = BTreeMap::new();
-    for step in &def.steps {
-        if let StepKind::Tool(t) = &step.kind {
-            let (identity, effect) = kernel.tools.pin_tool(&t.tool).map_err(unavailable)?;
-            tools.insert(t.tool.to_string(), PinnedTool { identity, effect });
-        }
-        for v in &step.verify {
-            let identity = kernel
-                .tools
-                .pin_verifier(&v.verifier)
-                .map_err(unavailable)?;
-            verifiers.insert(v.verifier.to_string(), identity);
-        }
-    }
+    let pins = pins.unwrap_or_else(|| runnable.pins.clone());
     let now = kernel.clock.now_ms();
-    // Runs refer to a stored version; publishing is idempotent.
-    store
-        .publish_version(poimen_store::NewVersion::of(
-            def.id.clone(),
-            poimen_workflow::canonical::canonical_bytes(def),
-            None,
-            now,
-        ))
-        .await?;
+    // Runs refer to a stored version; publishing is idempotent. A version
+    // new to this store descends from the workflow's latest one there.
+    if store.version(&runnable.version).await?.is_none() {
+        let parent_version = store
+            .latest_version(&def.id)
+            .await?
+            .map(|r| r.version)
+            .filter(|v| *v != runnable.version);
+        store
+            .publish_version(poimen_store::NewVersion::of(
+                def.id.clone(),
+                poimen_workflow::canonical::canonical_bytes(def),
+                parent_version,
+                now,
+            ))
+            .await?;
+    }
     let input_bytes = canonical_json(&input);
     let input_hash = poimen_store::BlobHash::of(&input_bytes);
-    let id = RunId::generate(new_ulid(now));
+    let id = id.unwrap_or_else(|| RunId::generate(new_ulid(now)));
     let created = store
         .create_run(NewRun {
             id: id.clone(),
             version: runnable.version,
             input: input_bytes,
+            tenant: tenant.0.clone(),
             idempotency_key,
             parent: parent.as_ref().map(|p| (p.run.clone(), p.step.clone())),
             owner: Some(kernel.config.host_id.clone()),
             created_at: now,
         })
         .await?;
-    let rec = match created {
-        CreateRun::Existing(rec) => {
-            return Ok(Started {
-                run: rec.id,
-                existing: true,
-            });
-        }
-        CreateRun::Created(rec) => rec,
+    let (rec, existing) = match created {
+        CreateRun::Existing(rec) => (rec, true),
+        CreateRun::Created(rec) => (rec, false),
     };
+    if existing && !store.events(&rec.id).await?.is_empty() {
+        return Ok(Started {
+            run: rec.id,
+            existing: true,
+        });
+    }
     let ctx = RunCtx::new(
         Driving {
             kernel: kernel.clone(),
             store,
             run: rec.id.clone(),
             runnable: runnable.clone(),
-            scope: RunScope::root(Default::default(), rec.id.to_string()),
+            scope: RunScope::root(tenant, rec.id.to_string()),
             depth: 0,
         },
         RunState::default(),
@@ -166,15 +173,16 @@ pub(crate) async fn create(
             input,
             input_hash: input_hash.to_string(),
             parent,
-            tools,
-            verifiers,
+            tools: pins.tools,
+            verifiers: pins.verifiers,
+            subworkflows: pins.subworkflows,
         }],
         StatusChange::to(RunStatus::Running),
     ))
     .await?;
     Ok(Started {
         run: rec.id,
-        existing: false,
+        existing,
     })
 }
 
@@ -259,7 +267,7 @@ impl RunCtx {
 
 /// A ULID for a new run id at `now_ms`: time from the executor's clock,
 /// the rest random (ids are volatile: nothing hashes or compares them).
-fn new_ulid(now_ms: i64) -> ulid::Ulid {
+pub(crate) fn new_ulid(now_ms: i64) -> ulid::Ulid {
     let at = std::time::UNIX_EPOCH
         + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
     ulid::Ulid::from_datetime(at)

@@ -178,9 +178,37 @@ impl RunCtx {
                 .and_then(|s| s.output.clone())
                 .unwrap_or(serde_json::Value::Null),
         };
-        if let Some(schema) = &def.outputs {
-            crate::schema::check(schema, &output)
+        if let Some(schema) = &self.runnable.schemas.outputs {
+            schema
+                .check(&output)
                 .map_err(|v| Halt::Fail(RunFailure::OutputSchema(v)))?;
+        }
+        // `completed` means every declared postcondition passed: the
+        // workflow's rubric scores the result, and decides.
+        if !def.rubric.criteria.is_empty() {
+            let verdict = match &snap.rubric {
+                Some(v) => v.clone(),
+                None => {
+                    let timeout = poimen_workflow::DEFAULT_STEP_TIMEOUT.as_duration();
+                    let scored = self
+                        .score_rubric(&def.rubric, &snap.input, &output, timeout, &self.scope)
+                        .await?;
+                    let Ok(v) = scored else {
+                        return Err(Halt::Cancelled);
+                    };
+                    self.record(vec![EpisodeEvent::RubricScored {
+                        step: None,
+                        iteration: None,
+                        attempt: None,
+                        verdict: v.clone(),
+                    }])
+                    .await?;
+                    v
+                }
+            };
+            if !verdict.passed {
+                return Err(Halt::Fail(RunFailure::Rubric(verdict)));
+            }
         }
         let bytes = canonical_json(&output);
         let blob = BlobHash::of(&bytes);

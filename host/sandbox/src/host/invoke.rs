@@ -1,6 +1,7 @@
 //! The public invocations: resolve the pinned component, run the guest
-//! under the component's limits (tightened by the caller), and return the
-//! outcome with its hostcall record — whatever happened, there is a record.
+//! under the component's limits (tightened by the caller), check a tool's
+//! result against its declared output schema, and return the outcome with
+//! its hostcall record — whatever happened, there is a record.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,9 +133,16 @@ impl PluginHost {
                             limit_bytes: limits.output_bytes,
                         });
                     }
-                    serde_json::from_str::<Value>(&text).map_err(|e| {
+                    let output = serde_json::from_str::<Value>(&text).map_err(|e| {
                         InvokeError::InvalidOutput(format!("the result is not JSON: {e}"))
-                    })
+                    })?;
+                    entry.output_schema.check(&output).map_err(|violations| {
+                        InvokeError::OutputSchema {
+                            tool: format!("{}@{}", entry.info.name, entry.info.version),
+                            violations,
+                        }
+                    })?;
+                    Ok(output)
                 }
                 Returned::Invoked(Err(e)) => Err(InvokeError::Tool(tool_error(e))),
                 _ => Err(InvokeError::Host("unexpected return".into())),

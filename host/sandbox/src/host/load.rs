@@ -20,6 +20,7 @@ use crate::error::{InvokeError, LoadError};
 use crate::imports::{self, Import, ImportProblem};
 use crate::record::{CallKind, HostcallRecord, Outcome, ToolIdentity, WIT_PACKAGE, b3};
 use crate::registry::{Loaded, PluginKind, Pre};
+use crate::schema::OutputSchema;
 use crate::state;
 
 /// A registry name: lowercase letters, digits and `-`, starting with a
@@ -79,6 +80,17 @@ fn descriptor_info(origin: &str, d: Descriptor, digest: &str) -> Result<ToolInfo
     })
 }
 
+/// Compiles a declared output schema once, for every call to check against;
+/// one that does not compile (`{"type": 12}`, an external `$ref`) refuses
+/// the component.
+fn compile_output_schema(origin: &str, schema: &Value) -> Result<OutputSchema, LoadError> {
+    OutputSchema::compile(schema).map_err(|e| LoadError::BadDescriptor {
+        origin: origin.to_owned(),
+        field: "output-schema",
+        message: format!("not a JSON Schema this host can check outputs against: {e}"),
+    })
+}
+
 /// A component compiled and checked up to (not including) policy.
 struct Checked {
     kind: PluginKind,
@@ -89,6 +101,7 @@ struct Checked {
     undeclared: Vec<(String, &'static str)>,
     cache: engine::CacheOutcome,
     describe_record: HostcallRecord,
+    output_schema: OutputSchema,
 }
 
 impl PluginHost {
@@ -167,6 +180,7 @@ impl PluginHost {
             }
         };
         let info = descriptor_info(origin, descriptor, &digest)?;
+        let output_schema = compile_output_schema(origin, &info.output_schema)?;
         record.tool = Some(ToolIdentity {
             name: info.name.clone(),
             version: info.version.to_string(),
@@ -194,6 +208,7 @@ impl PluginHost {
             undeclared,
             cache,
             describe_record: record,
+            output_schema,
         })
     }
 
@@ -315,6 +330,7 @@ impl PluginHost {
             limits,
             cache: c.cache,
             describe_record: c.describe_record,
+            output_schema: c.output_schema,
         };
         let mut registry = self
             .inner
@@ -366,5 +382,38 @@ mod tests {
         assert!(!valid_name("Fs"));
         assert!(!valid_name("-x"));
         assert!(!valid_name(""));
+    }
+
+    #[test]
+    fn an_output_schema_that_does_not_compile_refuses_the_component() {
+        let descriptor = Descriptor {
+            name: "bad-schema".into(),
+            version: "0.1.0".into(),
+            description: String::new(),
+            input_schema: "{}".into(),
+            output_schema: r#"{"type": 12}"#.into(),
+            capabilities: Vec::new(),
+            effect: bindings::EffectClass::Pure,
+        };
+        // `describe` lets it through: it is a JSON object.
+        let info = descriptor_info("test:bad", descriptor, "b3:00").expect("described");
+        match compile_output_schema("test:bad", &info.output_schema) {
+            Err(LoadError::BadDescriptor {
+                origin,
+                field,
+                message,
+            }) => {
+                assert_eq!((origin.as_str(), field), ("test:bad", "output-schema"));
+                assert!(message.contains("12"), "{message}");
+            }
+            Err(e) => panic!("expected BadDescriptor, got {e:?}"),
+            Ok(_) => panic!("an invalid schema compiled"),
+        }
+        for fine in [serde_json::json!(true), serde_json::json!({})] {
+            assert!(matches!(
+                compile_output_schema("x", &fine),
+                Ok(OutputSchema::Any)
+            ));
+        }
     }
 }

@@ -536,6 +536,86 @@ pub(crate) async fn adv_fs_escape() {
 }
 
 #[tokio::test]
+pub(crate) async fn adv_bad_output() {
+    let w = world().await;
+    let declared = &w
+        .host
+        .tools()
+        .list()
+        .into_iter()
+        .find(|t| t.info.name == "adv-bad-output")
+        .expect("loaded")
+        .info;
+    assert_eq!(declared.output_schema["properties"]["n"]["type"], "integer");
+
+    // `{"n": "seven"}` breaks the declared `{"n": <integer>}`: refused, and
+    // the output is not returned.
+    let r = call(&w.host, "adv-bad-output", json!({})).await;
+    let (tool, violations) = match error(&r) {
+        InvokeError::OutputSchema { tool, violations } => (tool, violations),
+        e => panic!("expected OutputSchema, got {e:?}"),
+    };
+    assert_eq!(tool, "adv-bad-output@0.1.0");
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(
+        (violations[0].at.as_str(), violations[0].rule.as_str()),
+        ("/n", "type")
+    );
+    assert!(violations[0].message.contains("seven"), "{violations:?}");
+    let message = error(&r).to_string();
+    assert!(
+        message.starts_with(
+            "the component `adv-bad-output@0.1.0` returned output that breaks its declared output schema: at /n: type: "
+        ) && message.ends_with("; fix the component or its declared schema"),
+        "{message}"
+    );
+    // The record says so, with the same message, and carries the identity.
+    assert_eq!(
+        r.record.outcome,
+        poimen_sandbox::record::Outcome::Error {
+            kind: "output_schema".into(),
+            message: message.clone(),
+        }
+    );
+    assert_eq!(
+        r.record.tool.as_ref().map(|t| t.name.as_str()),
+        Some("adv-bad-output")
+    );
+
+    // The same component with a valid output passes, right after the refusal.
+    let r = call(&w.host, "adv-bad-output", json!({"n": 7})).await;
+    assert_eq!(r.outcome, Ok(json!({"n": 7})));
+    assert!(matches!(
+        r.record.outcome,
+        poimen_sandbox::record::Outcome::Ok { .. }
+    ));
+
+    // Other rules, at the top level: a missing key, the wrong type.
+    for (raw, rule) in [(json!({"m": 1}), "required"), (json!([1]), "type")] {
+        let r = call(&w.host, "adv-bad-output", json!({ "raw": raw })).await;
+        match error(&r) {
+            InvokeError::OutputSchema { violations, .. } => {
+                assert_eq!(violations.len(), 1, "{raw}: {violations:?}");
+                assert_eq!(
+                    (violations[0].at.as_str(), violations[0].rule.as_str()),
+                    ("", rule),
+                    "{raw}"
+                );
+            }
+            e => panic!("{raw}: expected OutputSchema, got {e:?}"),
+        }
+        assert!(
+            error(&r)
+                .to_string()
+                .contains(&format!("at the top level: {rule}: ")),
+            "{}",
+            error(&r)
+        );
+    }
+    still_healthy(&w.host).await;
+}
+
+#[tokio::test]
 pub(crate) async fn adv_sockets() {
     let w = world().await;
     let e = w

@@ -30,6 +30,7 @@ pub const LOADABLE: &[(&str, &str)] = &[
     ("adv-panic", plugin_artifacts::ADV_PANIC),
     ("adv-huge-output", plugin_artifacts::ADV_HUGE_OUTPUT),
     ("adv-fs-escape", plugin_artifacts::ADV_FS_ESCAPE),
+    ("adv-bad-output", plugin_artifacts::ADV_BAD_OUTPUT),
 ];
 
 /// A compile cache shared by every host in this test binary.

@@ -304,7 +304,8 @@ pub(crate) fn blob(c: &Connection, p: &Path, h: &BlobHash) -> Result<Option<Vec<
 // -------------------------------------------------------------------- runs
 
 const RUN_COLS: &str = "id, workflow_id, version, status, reason, input_hash, output_hash, \
-                        idempotency_key, parent_run, parent_step, created_at, updated_at, owner";
+                        idempotency_key, parent_run, parent_step, created_at, updated_at, owner, \
+                        tenant";
 
 struct RawRun {
     id: String,
@@ -320,6 +321,7 @@ struct RawRun {
     created_at: i64,
     updated_at: i64,
     owner: Option<String>,
+    tenant: String,
 }
 
 fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -337,6 +339,7 @@ fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
         created_at: r.get(10)?,
         updated_at: r.get(11)?,
         owner: r.get(12)?,
+        tenant: r.get(13)?,
     })
 }
 
@@ -349,6 +352,7 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
         id: parse(p, "run id", &r.id)?,
         workflow_id: WorkflowId(r.workflow_id),
         version: parse(p, "version", &r.version)?,
+        tenant: r.tenant,
         status: RunStatus::parse(&r.status).ok_or_else(|| bad_value(p, "run status", &r.status))?,
         reason: r.reason,
         input_hash: parse(p, "input hash", &r.input_hash)?,
@@ -397,16 +401,24 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         .at(p)?
         .map(WorkflowId)
         .ok_or_else(|| StoreError::not_found(format!("workflow version {}", new.version)))?;
-    if let Some((parent, _)) = &new.parent
-        && !exists(c, p, "SELECT 1 FROM runs WHERE id = ?1", [parent.as_str()])?
-    {
-        return Err(StoreError::not_found(format!("parent run {parent}")));
+    if let Some((parent, _)) = &new.parent {
+        let parent_tenant = c
+            .prepare_cached("SELECT tenant FROM runs WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([parent.as_str()], |r| r.get::<_, String>(0))
+                    .optional()
+            })
+            .at(p)?
+            .ok_or_else(|| StoreError::not_found(format!("parent run {parent}")))?;
+        rules::check_parent_tenant(&new, &parent_tenant)?;
     }
     put_blob(c, p, &new.input)?;
     c.prepare_cached(
         "INSERT INTO runs (id, workflow_id, version, status, input_hash, idempotency_key,
-                           parent_run, parent_step, created_at, updated_at, owner, claimed_at)
-         VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?8, ?9, CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END)",
+                           parent_run, parent_step, created_at, updated_at, owner, claimed_at,
+                           tenant)
+         VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?8, ?9,
+                 CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END, ?10)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -419,6 +431,7 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
             new.parent.as_ref().map(|(_, s)| s.as_str()),
             new.created_at,
             new.owner,
+            new.tenant,
         ])
     })
     .at(p)?;
@@ -426,6 +439,7 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         id: new.id,
         workflow_id,
         version: new.version,
+        tenant: new.tenant,
         status: RunStatus::Queued,
         reason: None,
         input_hash,
@@ -446,13 +460,15 @@ pub(crate) fn list_runs(c: &Connection, p: &Path, f: &RunFilter) -> Result<Vec<R
     let status = f.status.map(RunStatus::as_str);
     let workflow = f.workflow_id.as_ref().map(WorkflowId::as_str);
     let parent = f.parent.as_ref().map(RunId::as_str);
+    let tenant = f.tenant.as_deref();
     let limit: i64 = f.limit.map_or(-1, i64::from);
-    let args: [&dyn ToSql; 4] = [&status, &workflow, &parent, &limit];
+    let args: [&dyn ToSql; 5] = [&status, &workflow, &parent, &limit, &tenant];
     runs_where(
         c,
         p,
         "(?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow_id = ?2)
-         AND (?3 IS NULL OR parent_run = ?3) ORDER BY seq DESC LIMIT ?4",
+         AND (?3 IS NULL OR parent_run = ?3) AND (?5 IS NULL OR tenant = ?5)
+         ORDER BY seq DESC LIMIT ?4",
         &args[..],
     )
 }

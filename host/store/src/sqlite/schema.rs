@@ -39,10 +39,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "intents: drop the redundant index intents_by_run",
         sql: include_str!("schema_v2.sql"),
     },
+    Migration {
+        version: 3,
+        name: "runs: a tenant; intents: the phase `abandoned` (table rebuilt)",
+        sql: include_str!("schema_v3.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 
@@ -172,6 +177,8 @@ pub(crate) fn migrate(
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::OptionalExtension;
+
     use super::*;
 
     fn schema_of(conn: &Connection) -> Vec<(String, String, Option<String>)> {
@@ -222,6 +229,169 @@ mod tests {
                     || l.contains("USING INDEX intents_by_attempt")),
             "{plan:?}"
         );
+    }
+
+    /// Every row of `table`, in `order`, as SQLite values.
+    fn rows(conn: &Connection, table: &str, order: &str) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))
+            .expect("prepare");
+        let n = stmt.column_count();
+        stmt.query_map([], |r| (0..n).map(|k| r.get(k)).collect())
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    }
+
+    const V: &str = "'b3:0000000000000000000000000000000000000000000000000000000000000000'";
+    const B: &str = "'b3:1111111111111111111111111111111111111111111111111111111111111111'";
+
+    /// A version-2 store (built by migrations 1 and 2) with runs and
+    /// intents — ids with gaps, every phase v2 knows — written by raw SQL.
+    fn v2_store_with_rows() -> Connection {
+        let mut conn = Connection::open_in_memory().expect("open");
+        conn.pragma_update(None, "foreign_keys", true)
+            .expect("foreign keys");
+        migrate(&mut conn, Path::new(":memory:"), &MIGRATIONS[..2]).expect("v2");
+        conn.execute_batch(&format!(
+            "INSERT INTO versions (seq, version, workflow_id, canonical, created_at)
+                 VALUES (1, {V}, 'w', x'7b7d', 10);
+             INSERT INTO blobs VALUES ({B}, 2, x'7b7d');
+             INSERT INTO runs (seq, id, workflow_id, version, status, input_hash,
+                               idempotency_key, created_at, updated_at, owner, claimed_at)
+                 VALUES (1, 'WFR-1', 'w', {V}, 'running', {B}, 'key-1', 11, 12, 'host', 11);
+             INSERT INTO runs (seq, id, workflow_id, version, status, reason, input_hash,
+                               parent_run, parent_step, created_at, updated_at)
+                 VALUES (2, 'WFR-2', 'w', {V}, 'failed', 'boom', {B}, 'WFR-1', 'sub', 13, 14);
+             INSERT INTO intents VALUES
+                 (3, 'WFR-1', 'a', 0, 1, 'pending', 't', '1', 'd', 'pure', 'h', 'k', NULL, NULL, NULL, 20),
+                 (7, 'WFR-1', 'a', 0, 1, 'dispatched', 't', '1', 'd', 'pure', 'h', 'k', NULL, NULL, NULL, 21),
+                 (8, 'WFR-1', 'a', 0, 1, 'committed', 't', '1', 'd', 'pure', 'h', 'k', 'b3:o', NULL, '{{\"fs\":[]}}', 22),
+                 (12, 'WFR-2', 'b', 2, 3, 'pending', 't', '1', 'd', 'non-idempotent', 'h', 'k2', NULL, NULL, NULL, 23),
+                 (13, 'WFR-2', 'b', 2, 3, 'failed', 't', '1', 'd', 'non-idempotent', 'h', 'k2', NULL, 'unavailable', NULL, 24);"
+        ))
+        .expect("rows");
+        conn
+    }
+
+    /// Migration 3 keeps every row (intent ids included), gives old runs the
+    /// default tenant, and the rebuilt intents table keeps its guards.
+    #[test]
+    fn migration_three_upgrades_a_v2_store_row_for_row() {
+        let mut conn = v2_store_with_rows();
+        let tables = [
+            ("versions", "seq"),
+            ("blobs", "hash"),
+            ("runs", "seq"),
+            ("intents", "id"),
+        ];
+        let before: Vec<_> = tables.iter().map(|(t, o)| rows(&conn, t, o)).collect();
+        assert_eq!(
+            migrate(&mut conn, Path::new(":memory:"), MIGRATIONS).expect("v3"),
+            2
+        );
+        assert_eq!(version_of(&conn), 3);
+        let after: Vec<_> = tables.iter().map(|(t, o)| rows(&conn, t, o)).collect();
+        assert_eq!(after[0], before[0], "versions");
+        assert_eq!(after[1], before[1], "blobs");
+        assert_eq!(after[3], before[3], "intents, ids included");
+        // Runs: every old column as it was, and the new tenant column last.
+        assert_eq!(after[2].len(), before[2].len());
+        for (new, old) in after[2].iter().zip(&before[2]) {
+            assert_eq!(new[..old.len()], old[..], "runs");
+            assert_eq!(
+                new[old.len()..],
+                [rusqlite::types::Value::Text("default".into())]
+            );
+        }
+
+        // The rebuilt table refuses rewriting history and takes `abandoned`.
+        for sql in [
+            "UPDATE intents SET phase = 'committed'",
+            "UPDATE intents SET at = 0 WHERE id = 3",
+            "DELETE FROM intents",
+            "DELETE FROM intents WHERE id = 13",
+        ] {
+            let err = conn.execute(sql, []).expect_err(sql);
+            assert!(err.to_string().contains("poimen:"), "{sql}: {err}");
+        }
+        let insert = |id: i64, phase: &str| {
+            conn.execute(
+                "INSERT INTO intents VALUES (?1, 'WFR-1', 'c', 0, 1, ?2, 't', '1', 'd', 'pure',
+                 'h', 'k', NULL, NULL, NULL, 30)",
+                rusqlite::params![id, phase],
+            )
+        };
+        insert(20, "abandoned").expect("abandoned is a phase");
+        let err = insert(21, "forgotten").expect_err("not a phase");
+        assert!(err.to_string().contains("CHECK"), "{err}");
+        // A foreign key still guards the run.
+        let err = conn
+            .execute(
+                "INSERT INTO intents VALUES (22, 'WFR-9', 'c', 0, 1, 'pending', 't', '1', 'd',
+                 'pure', 'h', 'k', NULL, NULL, NULL, 30)",
+                [],
+            )
+            .expect_err("unknown run");
+        assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
+
+        // The tenant is part of a run's identity, and a child shares its parent's.
+        let err = conn
+            .execute("UPDATE runs SET tenant = 'other' WHERE id = 'WFR-1'", [])
+            .expect_err("identity");
+        assert!(err.to_string().contains("identity is immutable"), "{err}");
+        let err = conn
+            .execute_batch(&format!(
+                "INSERT INTO runs (id, workflow_id, version, status, input_hash, parent_run,
+                                   parent_step, created_at, updated_at, tenant)
+                 VALUES ('WFR-3', 'w', {V}, 'queued', {B}, 'WFR-1', 's', 15, 15, 'other')"
+            ))
+            .expect_err("other tenant");
+        assert!(err.to_string().contains("tenant must be"), "{err}");
+        conn.execute_batch(&format!(
+            "INSERT INTO runs (id, workflow_id, version, status, input_hash, created_at,
+                               updated_at, tenant)
+             VALUES ('WFR-4', 'w', {V}, 'queued', {B}, 16, 16, 'other')"
+        ))
+        .expect("a top-level run of another tenant");
+        assert_eq!(
+            conn.query_row("PRAGMA foreign_key_check", [], |_| Ok(()))
+                .optional()
+                .expect("foreign_key_check"),
+            None
+        );
+        let ok: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .expect("integrity_check");
+        assert_eq!(ok, "ok");
+    }
+
+    /// An old store upgraded ends with exactly the schema a new store gets:
+    /// the v1 fixture, migrated, against a store built from nothing.
+    #[test]
+    fn upgrading_the_v1_fixture_builds_the_schema_of_a_new_store() {
+        let mut fresh = Connection::open_in_memory().expect("open");
+        migrate(&mut fresh, Path::new(":memory:"), MIGRATIONS).expect("migrate");
+        let mut old = Connection::open_in_memory().expect("open");
+        old.execute_batch(include_str!("../../tests/fixtures/store_v1.sql"))
+            .expect("load fixture");
+        assert_eq!(
+            migrate(&mut old, Path::new(":memory:"), MIGRATIONS).expect("upgrade"),
+            1
+        );
+        assert_eq!(schema_of(&old), schema_of(&fresh));
+        let names: Vec<String> = schema_of(&fresh).into_iter().map(|(_, n, _)| n).collect();
+        for name in [
+            "runs_by_tenant",
+            "runs_identity_immutable",
+            "runs_child_same_tenant",
+            "intents_by_attempt",
+            "intents_no_update",
+            "intents_no_delete",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
+        }
+        assert!(!names.iter().any(|n| n == "intents_v3"), "{names:?}");
     }
 
     const V2: Migration = Migration {

@@ -94,6 +94,7 @@ impl<'a> Names<'a> {
             }
             s.tools.0.iter().for_each(&mut add);
             s.verify.iter().for_each(|v| add(&v.verifier));
+            s.rubric.criteria.iter().for_each(|c| add(&c.verifier));
         }
         def.rubric.criteria.iter().for_each(|c| add(&c.verifier));
         names
@@ -388,13 +389,14 @@ fn write_step(out: &mut Vec<u8>, s: &StepDef, names: &Names<'_>) {
         kind,
         tools,
         verify,
+        rubric,
         retry,
         timeout,
         writes,
     } = s;
     let mut o = Obj::begin(out);
-    // JCS order: conditional, id, judgment, model, parallel, retry, timeout,
-    // tool, tools, verify, workflow, writes — the kind key among them.
+    // JCS order: conditional, id, judgment, model, parallel, retry, rubric,
+    // timeout, tool, tools, verify, workflow, writes — the kind key among them.
     let name = kind.name();
     if name < "id" {
         o.field(name, |out| write_kind(out, kind, names));
@@ -404,6 +406,11 @@ fn write_step(out: &mut Vec<u8>, s: &StepDef, names: &Names<'_>) {
         o.field(name, |out| write_kind(out, kind, names));
     }
     o.object_unless_empty("retry", |out| write_retry(out, retry));
+    // A step rubric is written exactly as the workflow's; one with no
+    // criteria and no threshold does nothing and is left out.
+    if !rubric.criteria.is_empty() || rubric.threshold.is_some() {
+        o.field("rubric", |out| write_rubric(out, rubric, names));
+    }
     if let Some(t) = timeout
         && *t != DEFAULT_STEP_TIMEOUT
     {
@@ -451,6 +458,7 @@ fn write_kind(out: &mut Vec<u8>, kind: &StepKind, names: &Names<'_>) {
                 system,
                 effort,
                 format,
+                schema,
                 model,
             } = m;
             let mut o = Obj::begin(out);
@@ -467,6 +475,11 @@ fn write_kind(out: &mut Vec<u8>, kind: &StepKind, names: &Names<'_>) {
                 o.str("model", m);
             }
             o.str("prompt", &prompt.0);
+            // The answer's JSON Schema, as canonical JSON like every schema
+            // (`null` is how JSON writes "absent").
+            if let Some(v) = opt_value(schema) {
+                o.value("schema", v);
+            }
             if let Some(s) = system {
                 o.str("system", &s.0);
             }

@@ -108,6 +108,10 @@ pub struct StepDoc {
     /// Verifiers run after every attempt (a set).
     #[serde(default)]
     pub verify: Vec<VerifierRef>,
+    /// Weighted criteria every attempt's output must meet (after `verify`);
+    /// failing it is a verifier rejection.
+    #[serde(default)]
+    pub rubric: RubricDef,
     /// Serial retry of failed attempts.
     #[serde(default)]
     pub retry: RetryPolicy,
@@ -151,6 +155,7 @@ impl StepDoc {
             judgment,
             tools,
             verify,
+            rubric,
             retry,
             timeout,
             writes,
@@ -193,6 +198,7 @@ impl StepDoc {
             kind,
             tools,
             verify,
+            rubric,
             retry,
             timeout,
             writes,

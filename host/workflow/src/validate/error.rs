@@ -53,10 +53,12 @@ impl fmt::Display for Site {
 }
 
 /// One way a static value breaks a JSON Schema.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SchemaViolation {
     /// JSON Pointer into the value (`/text`), empty for the value itself.
     pub at: String,
+    /// The schema keyword the value breaks (`type`, `required`, `maximum`, …).
+    pub rule: String,
     pub message: String,
 }
 
@@ -68,9 +70,11 @@ pub struct IneligibleStep {
     pub via: Vec<StepId>,
     /// The workflow holding the step.
     pub workflow: WorkflowId,
-    /// The step using the tool (`None` for a rubric criterion).
+    /// The step using the tool (`None` for a criterion of the workflow's
+    /// rubric).
     pub step: Option<StepId>,
-    /// The rubric criterion using the verifier, if that is the use.
+    /// The rubric criterion using the verifier, if that is the use: of the
+    /// step's rubric when `step` is set, else of the workflow's.
     pub criterion: Option<String>,
     /// The tool or verifier as referenced (`http-get@^0.1`).
     pub tool: String,
@@ -84,7 +88,8 @@ impl fmt::Display for IneligibleStep {
             write!(f, "{s} → ")?;
         }
         match (&self.step, &self.criterion) {
-            (Some(s), _) => write!(f, "step `{s}`")?,
+            (Some(s), Some(c)) => write!(f, "rubric criterion `{c}` of step `{s}`")?,
+            (Some(s), None) => write!(f, "step `{s}`")?,
             (None, Some(c)) => write!(f, "rubric criterion `{c}`")?,
             (None, None) => f.write_str("workflow")?,
         }
@@ -136,6 +141,15 @@ fn fmt_violations(v: &[SchemaViolation]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Whose rubric, in words: " of step `s`" for a step's, nothing for the
+/// workflow's.
+fn of_step(step: &Option<StepId>) -> String {
+    match step {
+        Some(s) => format!(" of step `{s}`"),
+        None => String::new(),
+    }
 }
 
 fn via_hint(via: &[WorkflowId]) -> String {
@@ -374,6 +388,10 @@ pub enum ValidationError {
     // ── schemas ──────────────────────────────────────────────────────────
     #[error("the JSON Schema in {site} is not a valid schema: {message}")]
     InvalidSchema { site: Site, message: String },
+    #[error(
+        "model step `{step}` gives its answer a `schema` but `format: text`: a schema checks a JSON answer, so add `format: json` (or drop the schema)"
+    )]
+    SchemaNeedsJsonFormat { step: StepId },
 
     // ── registries ───────────────────────────────────────────────────────
     #[error(
@@ -432,15 +450,38 @@ pub enum ValidationError {
     )]
     ToolSchemaInvalid { tool: String, message: String },
 
-    // ── rubric ───────────────────────────────────────────────────────────
-    #[error("rubric criterion `{name}` is declared more than once: criterion names are unique")]
-    DuplicateCriterion { name: String },
+    // ── rubric (the workflow's, or a step's when `step` is set) ───────────
     #[error(
-        "rubric criterion `{criterion}` has weight {weight}: weights must be finite and greater than 0"
+        "rubric criterion `{name}`{} is declared more than once: criterion names are unique",
+        of_step(.step)
     )]
-    InvalidWeight { criterion: String, weight: f64 },
-    #[error("rubric threshold {threshold} is not a score: give a number between 0 and 1")]
-    InvalidThreshold { threshold: f64 },
+    DuplicateCriterion {
+        /// The step whose rubric it is; `None` for the workflow's rubric.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step: Option<StepId>,
+        name: String,
+    },
+    #[error(
+        "rubric criterion `{criterion}`{} has weight {weight}: weights must be finite and greater than 0",
+        of_step(.step)
+    )]
+    InvalidWeight {
+        /// The step whose rubric it is; `None` for the workflow's rubric.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step: Option<StepId>,
+        criterion: String,
+        weight: f64,
+    },
+    #[error(
+        "rubric threshold {threshold}{} is not a score: give a number between 0 and 1",
+        of_step(.step)
+    )]
+    InvalidThreshold {
+        /// The step whose rubric it is; `None` for the workflow's rubric.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step: Option<StepId>,
+        threshold: f64,
+    },
 
     // ── sub-workflows ────────────────────────────────────────────────────
     #[error(

@@ -120,7 +120,8 @@ impl Validated {
         self.tools.get(r)
     }
 
-    /// Every verifier the workflow references (step `verify` and rubric), resolved.
+    /// Every verifier the workflow references — steps' `verify`, steps'
+    /// rubrics and the workflow's rubric — resolved, by reference as written.
     pub fn verifiers(&self) -> &BTreeMap<ToolRef, ToolInfo> {
         &self.verifiers
     }
@@ -504,7 +505,7 @@ fn check(
     c.step_limits();
     c.integers();
     c.schemas(resolver);
-    c.rubric();
+    c.rubrics();
     let (tools, verifiers, ineligible) = c.registries(resolver);
     let sub_workflows = c.sub_workflows(children);
     let eligibility = c.eligibility(ineligible, &sub_workflows);
@@ -716,11 +717,23 @@ impl<'a> Checker<'a, '_> {
             }
         }
         for s in &d.steps {
-            if let StepKind::Judgment(j) = &s.kind {
-                sites.push((
+            match &s.kind {
+                StepKind::Judgment(j) => sites.push((
                     Site::step(&s.id, "judgment.result_schema"),
                     &j.result_schema,
-                ));
+                )),
+                // `null` is "absent" (it has the version of no schema).
+                StepKind::Model(m) => {
+                    if let Some(v) = m.schema.as_ref().filter(|v| !v.is_null()) {
+                        sites.push((Site::step(&s.id, "model.schema"), v));
+                        if m.format != OutputFormat::Json {
+                            self.errors.push(ValidationError::SchemaNeedsJsonFormat {
+                                step: s.id.clone(),
+                            });
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         for (site, v) in sites {
@@ -731,13 +744,23 @@ impl<'a> Checker<'a, '_> {
         }
     }
 
-    fn rubric(&mut self) {
-        let r = &self.def.rubric;
+    /// The workflow's rubric, then each step's: the same checks, the step
+    /// named in the errors of a step's.
+    fn rubrics(&mut self) {
+        let d = self.def;
+        self.rubric(None, &d.rubric);
+        for s in &d.steps {
+            self.rubric(Some(&s.id), &s.rubric);
+        }
+    }
+
+    fn rubric(&mut self, step: Option<&StepId>, r: &RubricDef) {
         let mut seen: BTreeMap<&str, bool> = BTreeMap::new();
         for c in &r.criteria {
             if let Some(reported) = seen.get_mut(c.name.as_str()) {
                 if !*reported {
                     self.errors.push(ValidationError::DuplicateCriterion {
+                        step: step.cloned(),
                         name: c.name.clone(),
                     });
                     *reported = true;
@@ -747,6 +770,7 @@ impl<'a> Checker<'a, '_> {
             }
             if !c.weight.is_finite() || c.weight <= 0.0 {
                 self.errors.push(ValidationError::InvalidWeight {
+                    step: step.cloned(),
                     criterion: c.name.clone(),
                     weight: c.weight,
                 });
@@ -755,8 +779,10 @@ impl<'a> Checker<'a, '_> {
         if let Some(t) = r.threshold
             && !(0.0..=1.0).contains(&t)
         {
-            self.errors
-                .push(ValidationError::InvalidThreshold { threshold: t });
+            self.errors.push(ValidationError::InvalidThreshold {
+                step: step.cloned(),
+                threshold: t,
+            });
         }
     }
 
@@ -774,25 +800,7 @@ impl<'a> Checker<'a, '_> {
     ) {
         let d = self.def;
         let mut tools: HashMap<&ToolRef, Arc<ToolInfo>> = HashMap::new();
-        let mut verifiers: HashMap<&ToolRef, Arc<ToolInfo>> = HashMap::new();
-        let mut ineligible = Vec::new();
-        let mut bad_schema_reported: Vec<String> = Vec::new();
-        let mut note = |resolver: &mut Resolver<'_>,
-                        info: &ToolInfo,
-                        step: Option<&StepId>,
-                        criterion: Option<&str>,
-                        r: &ToolRef| {
-            if let Err(reasons) = resolver.eligibility(info) {
-                ineligible.push(IneligibleStep {
-                    via: Vec::new(),
-                    workflow: d.id.clone(),
-                    step: step.cloned(),
-                    criterion: criterion.map(str::to_owned),
-                    tool: r.to_string(),
-                    reasons,
-                });
-            }
-        };
+        let mut found = Found::default();
         for s in &d.steps {
             let mut step_tools: Vec<&ToolRef> = Vec::new();
             if let StepKind::Tool(t) = &s.kind {
@@ -810,7 +818,7 @@ impl<'a> Checker<'a, '_> {
                                 resolver,
                                 &info,
                                 &t.args.0,
-                                &mut bad_schema_reported,
+                                &mut found.bad_schema_reported,
                                 |violations| ValidationError::ArgsViolateSchema {
                                     step: s.id.clone(),
                                     tool: r.to_string(),
@@ -818,69 +826,91 @@ impl<'a> Checker<'a, '_> {
                                 },
                             );
                         }
-                        note(resolver, &info, Some(&s.id), None, r);
+                        found.note(resolver, &info, d, Some(&s.id), None, r);
                         tools.entry(r).or_insert(info);
                     }
                 }
             }
             for v in &s.verify {
-                match resolver.verifier(&v.verifier) {
-                    Err(u) => self.errors.push(unresolved_verifier(
-                        Site::step(&s.id, "verify"),
-                        &v.verifier,
-                        u,
-                    )),
-                    Ok(info) => {
-                        if !v.config.is_null() {
-                            self.check_value_against(
-                                resolver,
-                                &info,
-                                &v.config,
-                                &mut bad_schema_reported,
-                                |violations| ValidationError::ConfigViolatesSchema {
-                                    site: Site::step(&s.id, "verify"),
-                                    verifier: v.verifier.to_string(),
-                                    violations,
-                                },
-                            );
-                        }
-                        note(resolver, &info, Some(&s.id), None, &v.verifier);
-                        verifiers.entry(&v.verifier).or_insert(info);
-                    }
-                }
+                let site = || Site::step(&s.id, "verify");
+                self.verifier_use(
+                    resolver,
+                    &mut found,
+                    Some(&s.id),
+                    None,
+                    &v.verifier,
+                    &v.config,
+                    site,
+                );
+            }
+            for c in &s.rubric.criteria {
+                let site = || Site::step(&s.id, format!("rubric.criteria.{}", c.name));
+                self.verifier_use(
+                    resolver,
+                    &mut found,
+                    Some(&s.id),
+                    Some(&c.name),
+                    &c.verifier,
+                    &c.config,
+                    site,
+                );
             }
         }
         for c in &d.rubric.criteria {
             let site = || Site::workflow(format!("rubric.criteria.{}", c.name));
-            match resolver.verifier(&c.verifier) {
-                Err(u) => self
-                    .errors
-                    .push(unresolved_verifier(site(), &c.verifier, u)),
-                Ok(info) => {
-                    if !c.config.is_null() {
-                        self.check_value_against(
-                            resolver,
-                            &info,
-                            &c.config,
-                            &mut bad_schema_reported,
-                            |violations| ValidationError::ConfigViolatesSchema {
-                                site: site(),
-                                verifier: c.verifier.to_string(),
-                                violations,
-                            },
-                        );
-                    }
-                    note(resolver, &info, None, Some(&c.name), &c.verifier);
-                    verifiers.entry(&c.verifier).or_insert(info);
-                }
-            }
+            self.verifier_use(
+                resolver,
+                &mut found,
+                None,
+                Some(&c.name),
+                &c.verifier,
+                &c.config,
+                site,
+            );
         }
         let own = |m: HashMap<&ToolRef, Arc<ToolInfo>>| -> BTreeMap<ToolRef, ToolInfo> {
             m.into_iter()
                 .map(|(r, i)| (r.clone(), Arc::unwrap_or_clone(i)))
                 .collect()
         };
-        (own(tools), own(verifiers), ineligible)
+        (own(tools), own(found.verifiers), found.ineligible)
+    }
+
+    /// One use of a verifier — in a step's `verify` (no criterion), a
+    /// step's rubric, or the workflow's rubric (no step): resolved, its
+    /// configuration checked against the verifier's schema, its shadow
+    /// eligibility noted. `site` names the use in errors.
+    #[allow(clippy::too_many_arguments)]
+    fn verifier_use(
+        &mut self,
+        resolver: &mut Resolver<'_>,
+        found: &mut Found<'a>,
+        step: Option<&StepId>,
+        criterion: Option<&str>,
+        verifier: &'a ToolRef,
+        config: &Value,
+        site: impl Fn() -> Site,
+    ) {
+        match resolver.verifier(verifier) {
+            Err(u) => self.errors.push(unresolved_verifier(site(), verifier, u)),
+            Ok(info) => {
+                if !config.is_null() {
+                    self.check_value_against(
+                        resolver,
+                        &info,
+                        config,
+                        &mut found.bad_schema_reported,
+                        |violations| ValidationError::ConfigViolatesSchema {
+                            site: site(),
+                            verifier: verifier.to_string(),
+                            violations,
+                        },
+                    );
+                }
+                found.note(resolver, &info, self.def, step, criterion, verifier);
+                found.verifiers.entry(verifier).or_insert(info);
+            }
+        }
     }
 
     fn check_value_against(
@@ -958,6 +988,39 @@ impl<'a> Checker<'a, '_> {
         EligibilityReport {
             workflow: self.def.id.clone(),
             ineligible,
+        }
+    }
+}
+
+/// What [`Checker::registries`] gathers besides errors.
+#[derive(Default)]
+struct Found<'a> {
+    verifiers: HashMap<&'a ToolRef, Arc<ToolInfo>>,
+    ineligible: Vec<IneligibleStep>,
+    /// Tools whose registered schema was reported invalid (once each).
+    bad_schema_reported: Vec<String>,
+}
+
+impl Found<'_> {
+    /// Notes a use of `info` that may not run in shadow evaluation.
+    fn note(
+        &mut self,
+        resolver: &mut Resolver<'_>,
+        info: &ToolInfo,
+        def: &WorkflowDef,
+        step: Option<&StepId>,
+        criterion: Option<&str>,
+        r: &ToolRef,
+    ) {
+        if let Err(reasons) = resolver.eligibility(info) {
+            self.ineligible.push(IneligibleStep {
+                via: Vec::new(),
+                workflow: def.id.clone(),
+                step: step.cloned(),
+                criterion: criterion.map(str::to_owned),
+                tool: r.to_string(),
+                reasons,
+            });
         }
     }
 }

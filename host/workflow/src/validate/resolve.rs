@@ -156,6 +156,7 @@ pub(crate) fn static_violations(
         if structural || !touches_template {
             out.push(SchemaViolation {
                 at,
+                rule: e.kind().keyword().to_owned(),
                 message: e.to_string(),
             });
         }

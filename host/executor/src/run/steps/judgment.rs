@@ -51,11 +51,12 @@ impl RunCtx {
                 Err(e) => return Ok(StepEnd::Failed(render_failure(e))),
             }
         }
+        // The request is what the judge sees and must answer — and only
+        // that: its hash names the question, not the run, workflow or
+        // version asking it, so a recorded answer stays valid for any
+        // version that asks the same thing (shadow evaluation replays by it).
         let request = json!({
-            "workflow": self.runnable.def.id,
-            "version": self.runnable.version,
             "step": def.id,
-            "iteration": iteration,
             "question": question,
             "sources": sources,
             "result_schema": j.result_schema,
@@ -64,7 +65,7 @@ impl RunCtx {
             "constraints": j.constraints,
         });
         let request_hash = hash_json(&request);
-        let request_id = judgment_id(self.run.as_str(), def.id.as_str(), iteration);
+        let request_id = judgment_id(self.run.as_str(), def.id.as_str(), iteration, at.attempt);
         crash_point("before_judgment");
         let reason = format!("step `{}` waits for judgment {request_id}", def.id);
         self.commit(Batch {
@@ -98,12 +99,16 @@ impl RunCtx {
     }
 }
 
-/// The id of a judgment request: derived from (run, step, iteration), so a
-/// resumed run re-finds its own request. (A ULID made of hash bits: it has
-/// the id's shape without reading the clock.)
-pub fn judgment_id(run: &str, step: &str, iteration: u32) -> JudgmentId {
+/// The id of a judgment request: derived from (run, step, iteration,
+/// attempt), so a resumed run re-finds its own request and a retried step
+/// opens a new one. (A ULID made of hash bits: it has the id's shape
+/// without reading the clock.)
+pub fn judgment_id(run: &str, step: &str, iteration: u32, attempt: u32) -> JudgmentId {
     let key = idempotency_key(run, step, iteration);
+    let mut h = blake3::Hasher::new();
+    h.update(key.as_bytes());
+    h.update(&attempt.to_le_bytes());
     let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&blake3::hash(key.as_bytes()).as_bytes()[..16]);
+    bytes.copy_from_slice(&h.finalize().as_bytes()[..16]);
     JudgmentId::generate(ulid::Ulid::from_bytes(bytes))
 }

@@ -7,8 +7,10 @@ use poimen_workflow::{ModelStep, OutputFormat, StepDef};
 use serde_json::Value;
 
 use super::render_failure;
-use crate::effects::{Failure, FailureClass, ModelRequest};
+use crate::crash::crash_point;
+use crate::effects::{Contract, Failure, FailureClass, ModelRequest};
 use crate::episode::EpisodeEvent;
+use crate::hash::hash_json;
 use crate::render::{context, render_text};
 use crate::run::attempt::AttemptId;
 use crate::run::{Batch, Halt, RunCtx, StepEnd};
@@ -41,24 +43,60 @@ impl RunCtx {
         partition.sort();
         partition.dedup();
         let input = Value::String(prompt.clone());
-        let recorded = snap
+        let current = snap
             .steps
             .get(&def.id)
-            .and_then(|s| s.current.model.clone());
-        let text = match recorded {
+            .filter(|s| s.iteration == at.iteration && s.attempt == at.attempt)
+            .map(|s| s.current.clone())
+            .unwrap_or_default();
+        let text = match current.model {
             Some(Ok(text)) => text,
             Some(Err(failure)) => return Ok((input, StepEnd::Failed(failure))),
             None => {
                 let provider = self.kernel.models.clone();
+                let tools = def
+                    .tools
+                    .0
+                    .iter()
+                    .filter_map(|r| snap.tools.get(&r.to_string()).map(|p| p.identity.clone()))
+                    .collect();
                 let request = ModelRequest {
                     system: system.clone(),
                     prompt: prompt.clone(),
                     model: m.model.clone(),
                     effort: m.effort,
                     json: m.format == OutputFormat::Json,
+                    schema: m.schema.clone(),
+                    tools,
                     max_tokens: self.runnable.def.limits.tokens,
                     timeout: def.effective_timeout().as_duration(),
                 };
+                // The model-call intent: the whole request is durable before
+                // the provider is asked. A request recorded without its
+                // answer was asked and lost when a host stopped: ask again,
+                // and say so.
+                let identity = request.identity(provider.provider(), provider.default_model());
+                let request_hash = hash_json(&identity);
+                let mut blobs = vec![prompt.clone().into_bytes()];
+                if let Some(s) = &system {
+                    blobs.push(s.clone().into_bytes());
+                }
+                self.commit(Batch {
+                    blobs,
+                    ..Batch::intents(
+                        vec![EpisodeEvent::ModelRequested {
+                            step: def.id.clone(),
+                            iteration: at.iteration,
+                            attempt: at.attempt,
+                            request: identity,
+                            request_hash: request_hash.clone(),
+                            reask: current.model_request.is_some(),
+                        }],
+                        Vec::new(),
+                    )
+                })
+                .await?;
+                crash_point("after_model_requested");
                 let started = self.kernel.clock.now_ms();
                 let timeout = request.timeout;
                 let answer = match scope
@@ -82,45 +120,47 @@ impl RunCtx {
                 });
                 match answer {
                     Ok(resp) => {
-                        // Prompt and output are content-addressed blobs, written
-                        // in the same commit as the event that names them.
-                        let mut blobs =
-                            vec![prompt.clone().into_bytes(), resp.text.clone().into_bytes()];
-                        let prompt_blob = BlobHash::of(prompt.as_bytes());
+                        // The answer is durable before it is used: after a
+                        // crash it is reused, never asked for again.
                         let output_blob = BlobHash::of(resp.text.as_bytes());
-                        let system_blob = system.as_ref().map(|s| {
-                            blobs.push(s.clone().into_bytes());
-                            BlobHash::of(s.as_bytes()).to_string()
-                        });
                         self.commit(Batch {
-                            events: vec![EpisodeEvent::ModelCalled {
+                            blobs: vec![resp.text.clone().into_bytes()],
+                            ..Batch::intents(
+                                vec![EpisodeEvent::ModelCalled {
+                                    step: def.id.clone(),
+                                    iteration: at.iteration,
+                                    attempt: at.attempt,
+                                    provider: provider.provider().to_owned(),
+                                    model: resp.model.clone(),
+                                    prompt: BlobHash::of(prompt.as_bytes()).to_string(),
+                                    system: system
+                                        .as_ref()
+                                        .map(|s| BlobHash::of(s.as_bytes()).to_string()),
+                                    partition,
+                                    output: output_blob.to_string(),
+                                    text: resp.text.clone(),
+                                    usage: resp.usage,
+                                    latency_ms,
+                                    request_hash: Some(request_hash),
+                                }],
+                                Vec::new(),
+                            )
+                        })
+                        .await?;
+                        crash_point("after_model_committed");
+                        resp.text
+                    }
+                    Err(failure) => {
+                        self.commit(Batch::intents(
+                            vec![EpisodeEvent::ModelFailed {
                                 step: def.id.clone(),
                                 iteration: at.iteration,
                                 attempt: at.attempt,
                                 provider: provider.provider().to_owned(),
-                                model: resp.model.clone(),
-                                prompt: prompt_blob.to_string(),
-                                system: system_blob,
-                                partition,
-                                output: output_blob.to_string(),
-                                text: resp.text.clone(),
-                                usage: resp.usage,
-                                latency_ms,
+                                failure: failure.clone(),
                             }],
-                            blobs,
-                            ..Batch::default()
-                        })
-                        .await?;
-                        resp.text
-                    }
-                    Err(failure) => {
-                        self.record(vec![EpisodeEvent::ModelFailed {
-                            step: def.id.clone(),
-                            iteration: at.iteration,
-                            attempt: at.attempt,
-                            provider: provider.provider().to_owned(),
-                            failure: failure.clone(),
-                        }])
+                            Vec::new(),
+                        ))
                         .await?;
                         return Ok((input, StepEnd::Failed(failure)));
                     }
@@ -145,6 +185,15 @@ impl RunCtx {
                 }
             },
         };
+        // The answer's contract is checked before it is anyone's output.
+        if let Some(schema) = self.runnable.schemas.model.get(&def.id)
+            && let Err(v) = schema.check(&output)
+        {
+            return Ok((
+                input,
+                StepEnd::Failed(Failure::contract(Contract::ModelOutput { violations: v.0 })),
+            ));
+        }
         Ok((input, StepEnd::Completed(output)))
     }
 }

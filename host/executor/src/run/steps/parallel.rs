@@ -11,10 +11,9 @@ use serde_json::Value;
 
 use crate::effects::{Failure, FailureClass};
 use crate::episode::{EpisodeEvent, StepStatus};
-use crate::hash::hash_json;
 use crate::run::{Halt, Inconsistency, RunCtx, StepEnd};
 use crate::scope::RunScope;
-use crate::state::{Join, RunState, reduce};
+use crate::state::{Join, RunState};
 
 /// How many branches must succeed.
 fn needed(p: &ParallelStep) -> usize {
@@ -148,46 +147,44 @@ impl RunCtx {
             .filter(|b| !winners.contains(b) && !failed.contains(b))
             .cloned()
             .collect();
+        // Winners' state writes, applied in branch order and checked
+        // against their keys' contracts before the join is recorded.
+        let mut writes = Vec::new();
+        let mut failure = None;
+        if winners.len() >= needed {
+            let mut state = snap.state.clone();
+            for w in &winners {
+                let (Some(key), Some(out)) = (
+                    self.runnable.step(w).and_then(|d| d.writes.as_ref()),
+                    snap.steps.get(w).and_then(|s| s.output.as_ref()),
+                ) else {
+                    continue;
+                };
+                match self.reduced(key.as_str(), state.get(key.as_str()), out) {
+                    Ok(ev) => {
+                        if let EpisodeEvent::StateWritten { value, .. } = &ev {
+                            state.insert(key.0.clone(), value.clone());
+                        }
+                        writes.push(ev);
+                    }
+                    Err(mut f) => {
+                        f.message = format!("branch `{w}`: {}", f.message);
+                        failure = Some(f);
+                        writes.clear();
+                        break;
+                    }
+                }
+            }
+        }
         let mut events = vec![EpisodeEvent::BranchesJoined {
             step: def.id.clone(),
             iteration,
             winners: winners.clone(),
             losers,
             failed,
+            failure,
         }];
-        if winners.len() >= needed {
-            // Winners' state writes, applied in branch order.
-            let mut state = snap.state.clone();
-            for w in &winners {
-                let (Some(bdef), Some(out)) = (
-                    self.runnable.step(w),
-                    snap.steps.get(w).and_then(|s| s.output.clone()),
-                ) else {
-                    continue;
-                };
-                if let Some(key) = &bdef.writes {
-                    let reducer = self
-                        .runnable
-                        .def
-                        .state
-                        .get(key)
-                        .and_then(|d| d.reducer)
-                        .unwrap_or_default();
-                    let current = state
-                        .get(key.as_str())
-                        .cloned()
-                        .unwrap_or_else(|| RunState::initial_value(reducer));
-                    let value = reduce(reducer, &current, &out);
-                    state.insert(key.0.clone(), value.clone());
-                    events.push(EpisodeEvent::StateWritten {
-                        key: key.0.clone(),
-                        reducer,
-                        value_hash: hash_json(&value),
-                        value,
-                    });
-                }
-            }
-        }
+        events.extend(writes);
         self.record(events).await?;
         let snap = self.snapshot().await;
         match snap.steps.get(&def.id).and_then(|s| s.joined.clone()) {
@@ -197,6 +194,9 @@ impl RunCtx {
     }
 
     fn join_result(&self, def: &StepDef, j: &Join, snap: &RunState) -> Result<Value, Failure> {
+        if let Some(f) = &j.failure {
+            return Err(f.clone());
+        }
         let needed = match &def.kind {
             StepKind::Parallel(p) => needed(p),
             _ => 0,

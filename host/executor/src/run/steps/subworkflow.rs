@@ -9,11 +9,14 @@ use poimen_workflow::{StepDef, SubWorkflowStep, VersionSelector};
 use serde_json::Value;
 
 use super::render_failure;
+use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass};
 use crate::episode::{EpisodeEvent, ParentLink};
+use crate::hash::hash_json;
 use crate::kernel::MAX_SUBWORKFLOW_DEPTH;
 use crate::render::{context, render_args};
-use crate::run::start::{CreateError, NewRunSpec, create, load};
+use crate::run::attempt::AttemptId;
+use crate::run::start::{CreateError, NewRunSpec, create, load, new_ulid};
 use crate::run::{Batch, Halt, Inconsistency, RunCtx, RunOutcome, StatusChange, StepEnd};
 use crate::scope::RunScope;
 
@@ -22,11 +25,13 @@ impl RunCtx {
         self: Arc<Self>,
         def: &StepDef,
         s: &SubWorkflowStep,
-        iteration: u32,
+        at: AttemptId,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
+        let iteration = at.iteration;
         let snap = self.snapshot().await;
-        let link = snap.steps.get(&def.id).and_then(|st| st.child.clone());
+        let st = snap.steps.get(&def.id);
+        let link = st.and_then(|st| st.child.clone());
         let (child_run, version) = match link {
             Some(l) => {
                 if let Some((status, output)) = &l.finished {
@@ -35,15 +40,18 @@ impl RunCtx {
                 (l.run, l.version)
             }
             None => {
-                let Some(version) =
-                    self.runnable
-                        .subworkflows
-                        .get(&def.id)
-                        .copied()
-                        .or(match &s.version {
-                            VersionSelector::Pinned(v) => Some(*v),
-                            VersionSelector::Latest => None,
-                        })
+                // The child pinned at this run's start; a run recorded
+                // before runs pinned their children uses the version the
+                // workflow resolved when it was loaded.
+                let pinned = snap.subworkflows.get(&def.id).cloned();
+                let Some(version) = pinned
+                    .as_ref()
+                    .map(|p| p.version)
+                    .or_else(|| self.runnable.subworkflows.get(&def.id).copied())
+                    .or(match &s.version {
+                        VersionSelector::Pinned(v) => Some(*v),
+                        VersionSelector::Latest => None,
+                    })
                 else {
                     return Err(Inconsistency::SubWorkflowUnresolved {
                         step: def.id.clone(),
@@ -55,15 +63,54 @@ impl RunCtx {
                     Ok(i) => i,
                     Err(e) => return Ok(StepEnd::Failed(render_failure(e))),
                 };
+                // Creating the child is an intent: its id is durable before
+                // it exists, so after any crash this step creates this one
+                // child (or finds it), never a second.
+                let requested = st
+                    .filter(|st| st.iteration == iteration && st.attempt == at.attempt)
+                    .and_then(|st| st.current.child_request.clone());
+                let child_id = match requested {
+                    Some((id, _)) => id,
+                    None => {
+                        let id = RunId::generate(new_ulid(self.kernel.clock.now_ms()));
+                        self.commit(Batch::intents(
+                            vec![EpisodeEvent::ChildRunRequested {
+                                step: def.id.clone(),
+                                iteration,
+                                attempt: at.attempt,
+                                child_run: id.clone(),
+                                child_version: version,
+                                input_hash: hash_json(&input),
+                            }],
+                            Vec::new(),
+                        ))
+                        .await?;
+                        id
+                    }
+                };
+                crash_point("after_child_requested");
                 let parent = ParentLink {
                     run: self.run.clone(),
                     step: def.id.clone(),
                     iteration,
                 };
-                let child = match self.create_child(version, input, parent).await {
+                let spec = NewRunSpec {
+                    runnable: match self.kernel.loader.load(&version).await {
+                        Ok(r) => r,
+                        Err(failure) => return Ok(StepEnd::Failed(failure)),
+                    },
+                    input,
+                    parent: Some(parent),
+                    idempotency_key: None,
+                    id: Some(child_id),
+                    pins: pinned.map(|p| p.pins),
+                    tenant: self.scope.tenant.clone(),
+                };
+                let child = match self.create_child(spec).await {
                     Ok(c) => c,
                     Err(failure) => return Ok(StepEnd::Failed(failure)),
                 };
+                crash_point("after_child_created");
                 self.commit(
                     Batch::events(vec![EpisodeEvent::ChildRunLinked {
                         step: def.id.clone(),
@@ -132,12 +179,7 @@ impl RunCtx {
     }
 
     /// Creates the child run of a sub-workflow step, in the parent's store.
-    async fn create_child(
-        &self,
-        version: poimen_workflow::WorkflowVersion,
-        input: Value,
-        link: ParentLink,
-    ) -> Result<RunId, Failure> {
+    async fn create_child(&self, spec: NewRunSpec) -> Result<RunId, Failure> {
         if self.depth + 1 > MAX_SUBWORKFLOW_DEPTH {
             return Err(Failure::new(
                 FailureClass::InvalidInput,
@@ -146,13 +188,6 @@ impl RunCtx {
                 ),
             ));
         }
-        let runnable = self.kernel.loader.load(&version).await?;
-        let spec = NewRunSpec {
-            runnable,
-            input,
-            parent: Some(link),
-            idempotency_key: None,
-        };
         match create(&self.kernel, self.store.clone(), spec).await {
             Ok(s) => Ok(s.run),
             Err(CreateError::InvalidInput {
