@@ -143,9 +143,14 @@ pub enum Command {
         /// A deterministic sample of the baseline's runs, rate in 0..=1.
         #[arg(long, value_name = "RATE")]
         sample: Option<f64>,
-        /// Model answers: replay (recorded, by prompt hash), live, or replay-or-live.
+        /// Model answers: replay (the baseline's answer to an identical
+        /// request), live, or replay-or-live.
         #[arg(long, value_name = "MODE", default_value = "replay")]
         models: String,
+        /// Tools that read the world (files, network): replay (the
+        /// baseline's output for an identical call) or live.
+        #[arg(long, value_name = "MODE", default_value = "replay")]
+        tools: String,
         /// Shadow runs at once (default: the number of cores).
         #[arg(long, value_name = "N")]
         workers: Option<usize>,

@@ -266,11 +266,16 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             since,
             sample,
             models,
+            tools,
             workers,
             html,
         } => {
+            let modes = (
+                models.parse().map_err(Usage)?,
+                tools.parse().map_err(Usage)?,
+            );
             shadow_verb(
-                g, host, &candidate, &baseline, runs, since, sample, &models, workers, html,
+                g, host, &candidate, &baseline, runs, since, sample, modes, workers, html,
             )
             .await
         }
@@ -1030,12 +1035,11 @@ async fn shadow_verb(
     runs: Option<u32>,
     since: Option<String>,
     sample: Option<f64>,
-    models: &str,
+    (models, tools): (poimen::shadow::ModelMode, poimen::shadow::ToolMode),
     workers: Option<usize>,
     html: Option<PathBuf>,
 ) -> Result<u8> {
     use poimen::shadow::{Selection, ShadowOptions};
-    let models = models.parse().map_err(Usage)?;
     let selection = match (runs, since, sample) {
         (_, Some(t), _) => Selection::Since(parse_since(&t)?),
         (_, None, Some(rate)) => Selection::Sample(rate),
@@ -1044,6 +1048,7 @@ async fn shadow_verb(
     let mut opts = ShadowOptions {
         selection,
         models,
+        tools,
         ..ShadowOptions::default()
     };
     if let Some(w) = workers {

@@ -661,3 +661,152 @@ fn run_idempotency_keys_return_the_existing_run_and_refuse_other_inputs() {
         "names both input hashes: {err}"
     );
 }
+
+#[test]
+fn a_run_keeps_the_sub_workflow_version_it_pinned_at_its_start() {
+    let env = Env::new();
+    let child = |word: &str| {
+        format!(
+            "id: t.pinned_child\nsteps:\n  - id: say\n    tool: {{name: \"json@^0.1\", args: {{value: {word}, select: \"\"}}}}\n"
+        )
+    };
+    let v1 = env.write("child1.yaml", &child("one"));
+    let (code, published) = env.json(&["publish", v1.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{published}");
+    let v1_version = published["version"].as_str().expect("version").to_owned();
+    let parent = env.write(
+        "parent.yaml",
+        "id: t.pinning\nsteps:\n  - id: ask\n    judgment:\n      question: \"go?\"\n      result_schema: {type: boolean}\n  - id: call\n    workflow: {id: t.pinned_child, version: latest}\ntransitions:\n  - {from: ask, to: call}\n",
+    );
+    let (code, out) = env.json(&["run", parent.to_str().expect("utf8")]);
+    assert_eq!(code, 4, "waits for the judgment: {out}");
+    let run = out["run"].as_str().expect("run").to_owned();
+    // A newer child is published while the run waits.
+    let v2 = env.write("child2.yaml", &child("two"));
+    let (code, published) = env.json(&["publish", v2.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{published}");
+    assert_ne!(published["version"].as_str(), Some(v1_version.as_str()));
+    // It descends from v1: the version DAG stays connected.
+    assert_eq!(published["parent"], json!(v1_version));
+    // The judgment is answered by another process (nothing cached).
+    let (_, list) = env.json(&["judgment", "list"]);
+    let id = list[0]["id"].as_str().expect("id").to_owned();
+    let answer = env.write(
+        "answer.json",
+        &json!({"request_hash": list[0]["request_hash"], "result": true, "provenance": {"judge": "ops"}}).to_string(),
+    );
+    let (code, out) = env.json(&[
+        "judgment",
+        "submit",
+        &id,
+        "--file",
+        answer.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["output"], json!("one"), "the pinned child ran: {out}");
+    // The child's start names the version pinned when the parent started.
+    let (_, st) = env.json(&["status", &run]);
+    let child_run = st["state"]["steps"]["call"]["child"]["run"]
+        .as_str()
+        .expect("child run")
+        .to_owned();
+    let (_, episode) = env.json(&["episode", &child_run]);
+    assert_eq!(episode["events"][0]["event"], json!("run_started"));
+    assert_eq!(episode["events"][0]["version"], json!(v1_version));
+    // The parent's start recorded the pin.
+    let (_, parent_episode) = env.json(&["episode", &run]);
+    assert_eq!(
+        parent_episode["events"][0]["subworkflows"]["call"]["version"],
+        json!(v1_version)
+    );
+}
+
+#[test]
+fn publishing_descends_from_the_latest_version_unless_told_otherwise() {
+    let env = Env::new();
+    let wf = |n: u32| {
+        format!(
+            "id: t.lineage\nsteps:\n  - id: s\n    tool: {{name: \"json@^0.1\", args: {{value: {n}, select: \"\"}}}}\n"
+        )
+    };
+    let publish = |name: &str, n: u32, extra: &[&str]| {
+        let f = env.write(name, &wf(n));
+        let mut args = vec!["publish", f.to_str().expect("utf8")];
+        args.extend_from_slice(extra);
+        let (code, out) = env.json(&args);
+        assert_eq!(code, 0, "{out}");
+        out
+    };
+    let a = publish("a.yaml", 1, &[]);
+    assert_eq!(a["parent"], Value::Null);
+    let b = publish("b.yaml", 2, &[]);
+    assert_eq!(b["parent"], a["version"]);
+    let c = publish("c.yaml", 3, &["--no-parent"]);
+    assert_eq!(c["parent"], Value::Null);
+    let d = publish(
+        "d.yaml",
+        4,
+        &["--parent", a["version"].as_str().expect("v")],
+    );
+    assert_eq!(d["parent"], a["version"]);
+    // `run FILE` of a new version publishes it under the latest too.
+    let e = env.write("e.yaml", &wf(5));
+    let (code, out) = env.json(&["run", e.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{out}");
+    let (_, versions) = env.json(&["versions", "t.lineage"]);
+    let last = versions
+        .as_array()
+        .expect("versions")
+        .last()
+        .cloned()
+        .expect("a version");
+    assert_eq!(last["parent"], d["version"], "{versions}");
+}
+
+#[test]
+fn a_runs_tenant_is_stored_inherited_by_its_children_and_filters_listing() {
+    let env = Env::new();
+    let child = env.write(
+        "child.yaml",
+        "id: t.tchild\nsteps:\n  - id: s\n    tool: {name: \"json@^0.1\", args: {value: 1, select: \"\"}}\n",
+    );
+    let (code, out) = env.json(&["publish", child.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{out}");
+    let parent = env.write(
+        "parent.yaml",
+        "id: t.tparent\nsteps:\n  - id: call\n    workflow: {id: t.tchild}\n",
+    );
+    let (code, out) = env.json(&["run", parent.to_str().expect("utf8"), "--tenant", "acme"]);
+    assert_eq!(code, 0, "{out}");
+    let run = out["run"].as_str().expect("run").to_owned();
+    let (_, other) = env.json(&["run", child.to_str().expect("utf8")]);
+    let (_, st) = env.json(&["status", &run]);
+    assert_eq!(st["run"]["tenant"], json!("acme"));
+    let listed = |tenant: &str| -> Vec<(String, String)> {
+        let (_, runs) = env.json(&["status", "--tenant", tenant]);
+        runs.as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| {
+                (
+                    r["workflow_id"].as_str().unwrap_or_default().to_owned(),
+                    r["tenant"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let mut acme = listed("acme");
+    acme.sort();
+    assert_eq!(
+        acme,
+        vec![
+            ("t.tchild".to_owned(), "acme".to_owned()),
+            ("t.tparent".to_owned(), "acme".to_owned())
+        ],
+        "the child run is the parent's tenant's"
+    );
+    let default = listed("default");
+    assert_eq!(default, vec![("t.tchild".to_owned(), "default".to_owned())]);
+    assert!(listed("nobody").is_empty());
+    assert_eq!(other["status"], json!("completed"));
+}

@@ -56,16 +56,16 @@ fn setup(env: &Env, workflow: &str) -> std::path::PathBuf {
 /// Runs `poimen run` until it reports the crash point, then SIGKILLs it.
 /// Returns the run id.
 fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
+    run_and_kill_with(env, &[], wf, point, input)
+}
+
+/// [`run_and_kill`] with more global arguments (a model endpoint).
+fn run_and_kill_with(env: &Env, global: &[&str], wf: &Path, point: &str, input: &str) -> String {
     let mut child = env
         .std_cmd()
-        .args([
-            "--policy",
-            "policy.toml",
-            "run",
-            wf.to_str().expect("utf8"),
-            "--input",
-            input,
-        ])
+        .args(["--policy", "policy.toml"])
+        .args(global)
+        .args(["run", wf.to_str().expect("utf8"), "--input", input])
         .env("POIMEN_CRASH_AT", point)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -380,4 +380,232 @@ transitions:
     assert_eq!(out["status"], json!("completed"));
     assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
     check_consistent(&env, &run);
+}
+
+// ------------------------------------------ model calls and child runs
+
+/// A local OpenAI-compatible endpoint that answers every chat completion
+/// with `answer` and counts the requests it receives.
+struct ModelServer {
+    url: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ModelServer {
+    fn start(answer: &'static str) -> ModelServer {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut length = 0usize;
+                let mut line = String::new();
+                let mut first = true;
+                let mut is_completion = false;
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    if first {
+                        is_completion = line.contains("/chat/completions");
+                        first = false;
+                    }
+                    let l = line.trim_end();
+                    if l.is_empty() {
+                        break;
+                    }
+                    if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                if is_completion {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                let reply = json!({
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "model": "fake-model",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+                })
+                .to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+            }
+        });
+        ModelServer { url, requests }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+const MODEL_WORKFLOW: &str = r#"
+id: t.asked
+steps:
+  - id: ask
+    model: {prompt: "Summarize {{ inputs.text }}"}
+  - id: after
+    tool: {name: "json@^0.1", args: {value: "{{ steps.ask.output }}", select: ""}}
+transitions:
+  - {from: ask, to: after}
+"#;
+
+fn model_requests(env: &Env, run: &str) -> Vec<Value> {
+    let (_, episode) = env.json(&["episode", run]);
+    episode["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["event"] == json!("model_requested"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn crash_after_a_model_answer_is_committed_never_asks_again() {
+    let server = ModelServer::start("a short summary");
+    let env = Env::new();
+    let wf = setup(&env, MODEL_WORKFLOW);
+    let global = ["--model", server.url.as_str(), "--model-name", "fake-model"];
+    let run = run_and_kill_with(
+        &env,
+        &global,
+        &wf,
+        "after_model_committed:1",
+        r#"{"text": "a long text"}"#,
+    );
+    assert_eq!(server.requests(), 1);
+    let mut args = global.to_vec();
+    args.extend(["--policy", "policy.toml", "recover"]);
+    let (code, out) = env.json(&args);
+    assert_eq!(code, 0, "{out}");
+    let st = status(&env, &run);
+    assert_eq!(st["run"]["status"], json!("completed"), "{st}");
+    // The committed answer was reused: the endpoint saw exactly one request.
+    assert_eq!(server.requests(), 1);
+    assert_eq!(st["state"]["output"], json!("a short summary"));
+    assert_eq!(model_requests(&env, &run).len(), 1);
+    check_consistent(&env, &run);
+}
+
+#[test]
+fn crash_before_a_model_answer_is_committed_asks_again_as_a_reask() {
+    let server = ModelServer::start("a short summary");
+    let env = Env::new();
+    let wf = setup(&env, MODEL_WORKFLOW);
+    let global = ["--model", server.url.as_str(), "--model-name", "fake-model"];
+    let run = run_and_kill_with(
+        &env,
+        &global,
+        &wf,
+        "before_model_committed:1",
+        r#"{"text": "a long text"}"#,
+    );
+    assert_eq!(server.requests(), 1);
+    let mut args = global.to_vec();
+    args.extend(["--policy", "policy.toml", "recover"]);
+    let (code, out) = env.json(&args);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(status(&env, &run)["run"]["status"], json!("completed"));
+    // The answer was lost with the host: asked once more, and recorded so,
+    // with the tokens of both calls charged.
+    assert_eq!(server.requests(), 2);
+    let requests = model_requests(&env, &run);
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(requests[0].get("reask"), None);
+    assert_eq!(requests[1]["reask"], json!(true));
+    assert_eq!(requests[0]["request_hash"], requests[1]["request_hash"]);
+    check_consistent(&env, &run);
+}
+
+#[test]
+fn crash_between_creating_a_child_run_and_linking_it_makes_exactly_one_child() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
+    env.write("policy.toml", POLICY);
+    let child = env.write(
+        "child.yaml",
+        "id: t.child\nsteps:\n  - id: write\n    tool: {name: \"ledger-idempotent@^0.1\", args: {entry: child}}\n",
+    );
+    let (code, out) = env.json(&[
+        "--policy",
+        "policy.toml",
+        "publish",
+        child.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let wf = env.write(
+        "parent.yaml",
+        "id: t.parent\nsteps:\n  - id: call\n    workflow: {id: t.child}\n",
+    );
+    let run = run_and_kill(&env, &wf, "after_child_created:1", "{}");
+    recover(&env);
+    let st = status(&env, &run);
+    assert_eq!(st["run"]["status"], json!("completed"), "{st}");
+    // Exactly one child run exists, and it is the linked one.
+    let (_, runs) = env.json(&["status", "--limit", "100"]);
+    let children: Vec<&Value> = runs
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter(|r| r["workflow_id"] == json!("t.child"))
+        .collect();
+    assert_eq!(children.len(), 1, "{runs}");
+    assert_eq!(
+        st["state"]["steps"]["call"]["child"]["run"], children[0]["id"],
+        "{st}"
+    );
+    assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
+    check_consistent(&env, &run);
+}
+
+#[test]
+fn cancelling_a_blocked_run_claims_no_certainty_about_the_unknown_call() {
+    let env = Env::new();
+    let wf = setup(
+        &env,
+        &effect_workflow(
+            tool_of(Class::NonIdempotent),
+            r#"{entry: {n: "{{ inputs.n }}"}}"#,
+        ),
+    );
+    let run = run_and_kill(&env, &wf, "before_committed:2", r#"{"n": 1}"#);
+    recover(&env);
+    assert_eq!(status(&env, &run)["run"]["status"], json!("blocked"));
+    let (code, out) = env.json(&["--policy", "policy.toml", "cancel", &run]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["status"], json!("cancelled"));
+    let (_, audit) = env.json(&["audit", &run]);
+    let effect: Vec<&Value> = audit["intents"]
+        .as_array()
+        .expect("intents")
+        .iter()
+        .filter(|i| i["step"] == json!("effect"))
+        .collect();
+    let last = effect.last().expect("an intent");
+    // The call was dispatched and its outcome never recorded: the record
+    // says the outcome is unknown, not that it failed.
+    assert_eq!(last["phase"], json!("abandoned"), "{audit}");
+    assert!(
+        last["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("outcome unknown")),
+        "{last}"
+    );
+    assert_eq!(audit["incomplete"], json!([]), "{audit}");
+    // And the guest did run once: the ledger has the line nobody accounted for.
+    assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
 }

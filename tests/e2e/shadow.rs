@@ -60,6 +60,7 @@ fn opts() -> ShadowOptions {
     ShadowOptions {
         selection: Selection::Latest(100),
         models: ModelMode::Replay,
+        tools: Default::default(),
         workers: 2,
         progress: None,
     }
@@ -374,13 +375,156 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
     assert_eq!(r.models.missing, 1);
     assert_eq!(r.candidate_status, poimen::store::RunStatus::Failed);
     assert!(
-        r.candidate_reason
-            .as_deref()
-            .is_some_and(|m| m.contains("no recorded answer for prompt b3:")),
+        r.candidate_reason.as_deref().is_some_and(
+            |m| m.contains("not replayable: the baseline recorded no answer for request b3:")
+        ),
         "{:?}",
         r.candidate_reason
     );
-    assert_eq!(r.verdict, Ranking::Loss);
+    assert_eq!(r.not_replayable, vec!["sum".to_owned()]);
+    assert_eq!(r.verdict, Ranking::Incomparable);
+    assert_eq!(report.aggregate.incomparable, 1);
+}
+
+/// A model workflow recorded by a scripted host; returns a model-less host
+/// over the same store and the baseline's version.
+async fn recorded_model_run(env: &Env, wf: &Path) -> (Host, String) {
+    let live = Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .model(poimen::ModelChoice::Scripted(vec![
+            poimen::executor::model::Rule::contains("Summarize", "A summary."),
+        ]))
+        .build()
+        .await
+        .expect("host");
+    let out = live
+        .run(
+            &Target::File(wf.to_owned()),
+            json!({"text": "abc"}),
+            Default::default(),
+        )
+        .await
+        .expect("run");
+    assert_eq!(
+        out.status,
+        poimen::store::RunStatus::Completed,
+        "{:?}",
+        out.reason
+    );
+    let (rec, _) = live.status(out.run.as_str()).await.expect("status");
+    drop(live);
+    let host = Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .build()
+        .await
+        .expect("host");
+    (host, rec.version.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_a_changed_system_prompt_is_not_replayable_never_a_tie() {
+    let env = Env::new();
+    let model = |system: &str| {
+        format!(
+            "id: t.sys\nsteps:\n  - id: sum\n    model:\n      prompt: \"Summarize: {{{{ inputs.text }}}}\"\n      system: \"{system}\"\n"
+        )
+    };
+    let wf = env.write("sys.yaml", &model("You are terse."));
+    let (host, baseline) = recorded_model_run(&env, &wf).await;
+    // The same request replays: a tie.
+    let report = host
+        .shadow(&Target::File(wf), &baseline, &opts())
+        .await
+        .expect("shadow");
+    assert_eq!(
+        report.runs[0].verdict,
+        Ranking::Tie,
+        "{:#?}",
+        report.runs[0]
+    );
+    // The prompt is the same, the system prompt is not: the recorded answer
+    // is not the candidate's, and the row says so instead of "tie".
+    let changed = env.write("sys2.yaml", &model("You are verbose."));
+    let report = host
+        .shadow(&Target::File(changed), &baseline, &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.not_replayable, vec!["sum".to_owned()], "{r:#?}");
+    assert_eq!(r.models.replayed, 0);
+    assert_ne!(r.verdict, Ranking::Tie);
+    assert_eq!(r.verdict, Ranking::Incomparable);
+    assert_eq!(
+        (report.aggregate.ties, report.aggregate.incomparable),
+        (0, 1)
+    );
+    assert!(render_text_of(&report).contains("not replayable: sum"));
+}
+
+fn render_text_of(r: &poimen::shadow::ShadowReport) -> String {
+    poimen::shadow::render_text(r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_a_world_reading_tool_replays_the_baseline_unless_tools_live() {
+    let env = Env::new();
+    // fs-read reads `data/` through the policy; the rubric wants the
+    // content the baseline saw.
+    std::fs::create_dir_all(env.path().join("data")).expect("data dir");
+    std::fs::write(env.path().join("data/note.txt"), "the original note").expect("note");
+    let policy = env.write(
+        "fs.toml",
+        "[plugins.fs-read]\nfs-read = { \"/data\" = \"data\" }\n",
+    );
+    let wf = env.write(
+        "read.yaml",
+        "id: t.read\nsteps:\n  - id: read\n    tool: {name: \"fs-read@^0.1\", args: {path: note.txt}}\nrubric:\n  criteria:\n    - name: original\n      verifier: matches@^0.1\n      config: {pointer: /content, regex: original}\n",
+    );
+    let host = Host::builder()
+        .store_path(env.path().join(".poimen/poimen.db"))
+        .cache_dir(shared_cache())
+        .policy_file(policy)
+        .build()
+        .await
+        .expect("host");
+    let out = host
+        .run(&Target::File(wf.clone()), json!({}), Default::default())
+        .await
+        .expect("run");
+    assert_eq!(
+        out.status,
+        poimen::store::RunStatus::Completed,
+        "{:?}",
+        out.reason
+    );
+    let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+    let baseline = rec.version.to_string();
+    // The world changes after the baseline ran.
+    std::fs::write(env.path().join("data/note.txt"), "a rewritten note").expect("note");
+    // By default the identical call answers as the baseline's did: a tie,
+    // whatever the file says now.
+    let report = host
+        .shadow(&Target::File(wf.clone()), &baseline, &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.verdict, Ranking::Tie, "{r:#?}");
+    assert!(r.output_equal);
+    assert_eq!((r.tools.replayed, r.tools.live), (1, 0));
+    // `--tools live` reads today's file: the rubric fails, a loss — and the
+    // report says the calls ran live.
+    let mut live = opts();
+    live.tools = poimen::shadow::ToolMode::Live;
+    let report = host
+        .shadow(&Target::File(wf), &baseline, &live)
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_eq!(r.verdict, Ranking::Loss, "{r:#?}");
+    assert_eq!((r.tools.replayed, r.tools.live), (0, 1));
+    assert_eq!(report.tools, poimen::shadow::ToolMode::Live);
 }
 
 #[test]
@@ -503,6 +647,29 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
     );
     assert!(r.unreplayed_judgments.is_empty());
     assert!(r.output_equal && r.verdict == Ranking::Tie);
+
+    // A candidate that changes another step but asks the judge the same
+    // thing replays the judgment: the request is keyed by its content, not
+    // by the workflow's version.
+    let before = env.write(
+        "judged-before.yaml",
+        &judged("Approve").replace(
+            "steps:\n",
+            "steps:\n  - id: prep\n    tool: {name: \"json@^0.1\", args: {value: {n: 1}, select: \"\"}}\n",
+        ).replace("transitions:\n", "transitions:\n  - {from: prep, to: approve}\n"),
+    );
+    let report = host
+        .shadow(&Target::File(before), &baseline, &opts())
+        .await
+        .expect("shadow");
+    let r = &report.runs[0];
+    assert_ne!(report.candidate, report.baseline, "another version");
+    assert!(r.unreplayed_judgments.is_empty(), "{r:#?}");
+    assert_eq!(
+        r.candidate_status,
+        poimen::store::RunStatus::Completed,
+        "{r:#?}"
+    );
 
     // Another question is another request: the shadow run waits, and says so.
     let changed = env.write("judged2.yaml", &judged("Really approve"));

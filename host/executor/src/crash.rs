@@ -18,6 +18,7 @@ pub const CRASH_POINTS: &[&str] = &[
     "before_judgment",
     "waiting_judgment",
     "after_model_requested",
+    "before_model_committed",
     "after_model_committed",
     "after_child_requested",
     "after_child_created",

@@ -225,6 +225,10 @@ pub enum EpisodeEvent {
         /// their blob hashes): see `ModelRequest::identity`.
         request: Value,
         request_hash: String,
+        /// The model the provider answers with when a step names none (not
+        /// part of the request's identity, which names the model used).
+        #[serde(default)]
+        default_model: String,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         reask: bool,
     },
@@ -911,6 +915,7 @@ mod tests {
                 attempt: 1,
                 request: json!({"model": "m", "prompt": "b3:02"}),
                 request_hash: "b3:0d".into(),
+                default_model: "m".into(),
                 reask: true,
             },
             EpisodeEvent::StepStarted {

@@ -32,7 +32,7 @@ pub mod testing;
 
 pub use crash::CRASH_POINTS;
 pub use effects::{
-    Clock, Contract, Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse,
+    Clock, Contract, Failure, FailureClass, JsonType, ModelProvider, ModelRequest, ModelResponse,
     SystemClock, ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall,
     VerifierResult,
 };

@@ -682,3 +682,268 @@ async fn walk_retry_from_a_step_runs_it_again_as_a_new_iteration() {
 fn tools_gate() -> ScriptedTools {
     tools().flaky("gate", 1, FailureClass::Failed)
 }
+
+// ------------------------------------------------ contracts at run time
+
+fn writer(reducer: Reducer, schema: Value, tool: &str, args: Value) -> WorkflowDef {
+    WorkflowDef::new("t.contract")
+        .with_state("k", StateDecl::reduced(reducer).with_schema(schema))
+        .with_step(StepDef::tool("a", r(tool), args).with_writes("k"))
+}
+
+#[tokio::test]
+async fn walk_a_state_write_breaking_its_schema_fails_the_step_with_the_contract() {
+    let k = kernel();
+    let def = writer(
+        Reducer::Overwrite,
+        json!({"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}),
+        "echo",
+        json!({"n": "seven"}),
+    );
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let failure = out.state.steps[&StepId::from("a")]
+        .failure
+        .clone()
+        .expect("failure");
+    assert_eq!(failure.class, FailureClass::Contract);
+    match failure.contract.as_deref() {
+        Some(poimen_executor::Contract::StateSchema { key, violations }) => {
+            assert_eq!(key, "k");
+            assert_eq!(violations[0].at, "/n");
+            assert_eq!(violations[0].rule, "type");
+        }
+        other => panic!("expected a state-schema contract, got {other:?}"),
+    }
+    assert!(out.reason.unwrap_or_default().contains("state key `k`"));
+    // A valid write passes the same check.
+    let ok = writer(
+        Reducer::Overwrite,
+        json!({"type": "object"}),
+        "echo",
+        json!({"n": 7}),
+    );
+    assert_eq!(k.run(&ok, json!({})).await.status, RunStatus::Completed);
+}
+
+#[tokio::test]
+async fn walk_merge_into_a_non_object_is_refused_not_replaced() {
+    let k = kernel();
+    // `merge` of a string: before, the string silently replaced the object.
+    let def = writer(
+        Reducer::Merge,
+        json!({"type": "object"}),
+        "echo",
+        json!("oops"),
+    );
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let failure = out.state.steps[&StepId::from("a")]
+        .failure
+        .clone()
+        .expect("failure");
+    assert!(
+        matches!(
+            failure.contract.as_deref(),
+            Some(poimen_executor::Contract::Reducer {
+                reducer: Reducer::Merge,
+                value: poimen_executor::JsonType::Object,
+                write: poimen_executor::JsonType::String,
+                ..
+            })
+        ),
+        "{failure:?}"
+    );
+    assert!(out.state.state.get("k").is_none_or(|v| v == &json!({})));
+}
+
+#[tokio::test]
+async fn walk_a_model_answer_breaking_the_step_schema_fails_before_it_is_written() {
+    let k = kernel();
+    let model = ModelStep::new("Classify: {{ inputs.text }}")
+        .with_format(OutputFormat::Json)
+        .with_schema(json!({"type": "object"}));
+    let def = WorkflowDef::new("t.schema").with_step(StepDef::new("m", model));
+    // The scripted model answers `billing`: not JSON at all.
+    let out = k.run(&def, json!({"text": "x"})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    // `"billing"` parses as a JSON string when quoted; the schema wants an object.
+    let tools = tools();
+    let k2 = kernel_with(tools, ManualClock::auto(0));
+    let model = ModelStep::new("Anything")
+        .with_format(OutputFormat::Json)
+        .with_schema(json!({"type": "object", "required": ["label"]}));
+    let def = WorkflowDef::new("t.schema2").with_step(StepDef::new("m", model));
+    let runnable = k2.add(&def);
+    let exec = Executor::new(
+        k2.store.clone(),
+        k2.tools.clone(),
+        Arc::new(ScriptedProvider::new(vec![Rule::contains(
+            "",
+            r#"{"other": 1}"#,
+        )])),
+        k2.clock.clone(),
+        k2.loader.clone(),
+        ExecutorConfig::default(),
+    );
+    let out = exec
+        .run(runnable, json!({}), StartOptions::default())
+        .await
+        .expect("runs");
+    let failure = out.state.steps[&StepId::from("m")]
+        .failure
+        .clone()
+        .expect("failure");
+    match failure.contract.as_deref() {
+        Some(poimen_executor::Contract::ModelOutput { violations }) => {
+            assert_eq!(violations[0].rule, "required");
+        }
+        other => panic!("expected a model-output contract, got {other:?}"),
+    }
+}
+
+// ------------------------------------------------------- live rubrics
+
+fn scored(threshold: Option<f64>, score: f64, second: Option<bool>) -> WorkflowDef {
+    let mut criteria =
+        vec![Criterion::new("quality", r("score")).with_config(json!({"score": score}))];
+    if let Some(pass) = second {
+        criteria.push(
+            Criterion::new("other", r("score")).with_config(json!({"score": 1.0, "pass": pass})),
+        );
+    }
+    WorkflowDef::new("t.rubric")
+        .with_step(StepDef::tool("a", r("echo"), json!({"x": 1})))
+        .with_rubric(RubricDef {
+            criteria,
+            threshold,
+        })
+}
+
+fn rubric_tools() -> ScriptedTools {
+    tools().verifier("score", |call| {
+        let score = call.config["score"].as_f64().unwrap_or(0.0);
+        Verdict {
+            pass: call.config["pass"].as_bool().unwrap_or(score >= 0.5),
+            score,
+            reason: format!("scored {score}"),
+        }
+    })
+}
+
+#[tokio::test]
+async fn walk_a_workflow_rubric_decides_the_run_by_its_threshold() {
+    let k = kernel_with(rubric_tools(), ManualClock::auto(0));
+    let pass = k.run(&scored(Some(0.7), 0.8, None), json!({})).await;
+    assert_eq!(pass.status, RunStatus::Completed, "{:?}", pass.reason);
+    let v = pass.state.rubric.clone().expect("scored");
+    assert!((v.score - 0.8).abs() < 1e-9 && v.passed);
+    let fail = k.run(&scored(Some(0.7), 0.5, None), json!({})).await;
+    assert_eq!(fail.status, RunStatus::Failed);
+    assert!(
+        fail.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("below its threshold 0.7")),
+        "{:?}",
+        fail.reason
+    );
+    // No threshold: every criterion must pass; one failing fails the run.
+    let strict = k.run(&scored(None, 0.9, Some(false)), json!({})).await;
+    assert_eq!(strict.status, RunStatus::Failed);
+    assert!(
+        strict
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("every criterion to pass")),
+        "{:?}",
+        strict.reason
+    );
+    let lenient = k.run(&scored(None, 0.9, Some(true)), json!({})).await;
+    assert_eq!(lenient.status, RunStatus::Completed);
+    assert!(
+        k.structure(&fail)
+            .await
+            .iter()
+            .any(|l| l.starts_with("rubric_scored")),
+        "the verdict is recorded"
+    );
+}
+
+#[tokio::test]
+async fn walk_a_step_rubric_fails_the_attempt_and_follows_the_retry_policy() {
+    // The verifier passes from its second call on.
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = calls.clone();
+    let tools = tools().verifier("warming", move |_| {
+        let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Verdict {
+            pass: n >= 1,
+            score: if n >= 1 { 0.9 } else { 0.1 },
+            reason: format!("call {n}"),
+        }
+    });
+    let k = kernel_with(tools, ManualClock::auto(0));
+    let step = StepDef::tool("a", r("echo"), json!({"x": 1}))
+        .with_rubric(RubricDef {
+            criteria: vec![Criterion::new("warm", r("warming"))],
+            threshold: Some(0.5),
+        })
+        .with_retry(RetryPolicy::attempts(2));
+    let out = k
+        .run(&WorkflowDef::new("t.steprubric").with_step(step), json!({}))
+        .await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(out.state.steps[&StepId::from("a")].attempt, 2);
+    let scored: Vec<String> = k
+        .structure(&out)
+        .await
+        .into_iter()
+        .filter(|l| l.starts_with("rubric_scored"))
+        .collect();
+    assert_eq!(scored.len(), 2, "{scored:?}");
+}
+
+// ------------------------------------------------ judgments by content
+
+#[tokio::test]
+async fn walk_a_retried_judgment_opens_a_new_request_and_completes() {
+    let k = kernel();
+    let def = WorkflowDef::new("t.rejudge").with_step(
+        StepDef::judgment("ok", "Approve?", json!({"type": "object"}))
+            .with_verifier(r("nonempty"), Value::Null)
+            .with_retry(RetryPolicy::attempts(2)),
+    );
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment);
+    let answer = |hash: &str, result: Value| JudgmentSubmission {
+        request_hash: hash.to_owned(),
+        result,
+        executor: None,
+        profile: None,
+        provenance: json!({"judge": "test"}),
+    };
+    let first = k.exec.open_judgments().await.expect("open").remove(0);
+    // An empty answer fails the verifier: the step retries, and its second
+    // attempt asks again under a new request id.
+    let out = k
+        .exec
+        .submit_judgment(first.id.as_str(), answer(&first.request_hash, json!({})))
+        .await
+        .expect("answered");
+    assert_eq!(out.status, RunStatus::WaitingJudgment, "{:?}", out.reason);
+    let second = k.exec.open_judgments().await.expect("open").remove(0);
+    assert_ne!(second.id, first.id);
+    // Same question, same content: the same request hash.
+    assert_eq!(second.request_hash, first.request_hash);
+    let out = k
+        .exec
+        .submit_judgment(
+            second.id.as_str(),
+            answer(&second.request_hash, json!({"ok": true})),
+        )
+        .await
+        .expect("answered");
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(out.output, Some(json!({"ok": true})));
+    k.check_refold(&out).await;
+}

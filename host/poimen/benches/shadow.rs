@@ -1,4 +1,4 @@
-//! Shadow evaluation throughput (`cargo bench --bench shadow`).
+//! Shadow evaluation throughput (`cargo bench -p poimen --bench shadow`).
 //!
 //! Records 1 000 live runs of the README's workflow
 //! (`fixtures/examples/text-report.yaml`) on a SQLite store on the target
@@ -90,6 +90,7 @@ async fn bench() {
             let opts = ShadowOptions {
                 selection: Selection::Latest(RUNS as u32),
                 models: ModelMode::Replay,
+                tools: Default::default(),
                 workers,
                 progress: None,
             };

@@ -14,7 +14,7 @@
 //!   rounds, the ratio taken per round — robust to the disk's drift (see
 //!   [`paired`]); prints one line.
 //!
-//! `cargo bench -p executor`. Files live under Cargo's per-target temporary
+//! `cargo bench -p poimen --bench step`. Files live under Cargo's per-target temporary
 //! directory, on the disk of the target dir (not a tmpfs, where fsync is free).
 
 use std::fs::OpenOptions;

@@ -84,6 +84,8 @@ pub enum Selection {
 pub struct ShadowOptions {
     pub selection: Selection,
     pub models: ModelMode,
+    /// How tools that read the world answer.
+    pub tools: ToolMode,
     /// Shadow runs at once (at least 1).
     pub workers: usize,
     /// Called after each finished shadow run with (done, total).
@@ -95,6 +97,7 @@ impl Default for ShadowOptions {
         ShadowOptions {
             selection: Selection::Latest(100),
             models: ModelMode::Replay,
+            tools: ToolMode::Replay,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             progress: None,
         }
@@ -106,18 +109,22 @@ impl std::fmt::Debug for ShadowOptions {
         f.debug_struct("ShadowOptions")
             .field("selection", &self.selection)
             .field("models", &self.models)
+            .field("tools", &self.tools)
             .field("workers", &self.workers)
             .finish_non_exhaustive()
     }
 }
 
-/// Win, tie or loss of the candidate against the baseline on one run.
+/// Win, tie or loss of the candidate against the baseline on one run — or
+/// neither, when the candidate's run could not be compared: a model request
+/// had no recorded answer (replay mode) or a judgment was not replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Ranking {
     Win,
     Tie,
     Loss,
+    Incomparable,
 }
 
 /// One rubric criterion's scores on one run.
@@ -213,6 +220,11 @@ pub struct RunComparison {
     /// The judgment steps whose recorded answer could not be replayed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreplayed_judgments: Vec<String>,
+    /// The model steps whose request the baseline never made (replay mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_replayable: Vec<String>,
+    /// How the candidate's world-reading tool calls were answered.
+    pub tools: ToolAnswers,
     pub scores: Vec<CriterionScore>,
     pub baseline_score: f64,
     pub candidate_score: f64,
@@ -236,6 +248,9 @@ pub struct Aggregate {
     pub wins: usize,
     pub ties: usize,
     pub losses: usize,
+    /// Runs that could not be ranked (not replayable, judgment not replayed):
+    /// neither wins, ties nor losses, and left out of the mean delta.
+    pub incomparable: usize,
     pub outputs_equal: usize,
     pub mean_delta: f64,
     /// 95% bootstrap confidence interval of the mean delta (2 000
@@ -256,6 +271,7 @@ pub struct ShadowReport {
     /// The semantic diff of the two versions, in words.
     pub version_diff: Vec<String>,
     pub models: ModelMode,
+    pub tools: ToolMode,
     /// How the score is computed: `rubric` (weighted verifier scores) or
     /// `status` (1 for a completed run, 0 otherwise — no rubric declared).
     pub scoring: String,
@@ -345,8 +361,7 @@ pub(crate) async fn evaluate(
                 let rubric = &rubric;
                 let done = done.clone();
                 async move {
-                    let r =
-                        one_run(bench, candidate, sub_versions, rubric, opts.models, record).await;
+                    let r = one_run(bench, candidate, sub_versions, rubric, opts, record).await;
                     let n = done.fetch_add(1, Ordering::SeqCst) as usize + 1;
                     if let Some(p) = &opts.progress {
                         p(n, total);
@@ -379,6 +394,7 @@ pub(crate) async fn evaluate(
             .map(|c| c.to_string())
             .collect(),
         models: opts.models,
+        tools: opts.tools,
         scoring: if rubric.criteria.is_empty() {
             "status".into()
         } else {
@@ -466,7 +482,7 @@ async fn one_run(
     candidate: &Validated,
     sub_versions: &[(poimen_workflow::WorkflowId, Vec<u8>)],
     rubric: &poimen_workflow::RubricDef,
-    mode: ModelMode,
+    opts: &ShadowOptions,
     record: RunRecord,
 ) -> Result<RunComparison, ShadowError> {
     let run = record.id.to_string();
@@ -493,7 +509,17 @@ async fn one_run(
             episodes.push(ep);
         }
     }
-    let replay = Arc::new(ReplayModels::new(&episodes, bench.models.clone(), mode));
+    let replay = Arc::new(ReplayModels::new(
+        &episodes,
+        bench.models.clone(),
+        opts.models,
+    ));
+    let tools = Arc::new(ReplayTools::new(
+        &episodes,
+        crate::tools::SandboxTools::new(bench.sandbox.clone()),
+        opts.tools,
+        &run,
+    ));
     let judgments = recorded_judgments(&episodes);
 
     // A private executor over a private in-memory store.
@@ -508,9 +534,10 @@ async fn one_run(
             ))
             .await?;
     }
-    let wiring = crate::wiring::Wiring::new(
+    let wiring = crate::wiring::Wiring::with_tools(
         store.clone(),
         bench.sandbox.clone(),
+        tools.clone(),
         replay.clone(),
         Arc::new(SystemClock),
         "shadow",
@@ -582,7 +609,25 @@ async fn one_run(
         )
     };
     let delta = candidate_score - baseline_score;
-    let verdict = if delta > 1e-9 {
+    let missing = replay.missing();
+    let not_replayable: Vec<String> = {
+        let mut steps: Vec<String> = candidate_episode
+            .events
+            .iter()
+            .filter_map(|r| match &r.event {
+                EpisodeEvent::ModelRequested {
+                    step, request_hash, ..
+                } if missing.contains(request_hash) => Some(step.to_string()),
+                _ => None,
+            })
+            .collect();
+        steps.sort();
+        steps.dedup();
+        steps
+    };
+    let verdict = if !not_replayable.is_empty() || !unreplayed.is_empty() {
+        Ranking::Incomparable
+    } else if delta > 1e-9 {
         Ranking::Win
     } else if delta < -1e-9 {
         Ranking::Loss
@@ -604,6 +649,8 @@ async fn one_run(
         candidate_latency_ms,
         models: replay.answers(),
         unreplayed_judgments: unreplayed,
+        not_replayable,
+        tools: tools.answers(),
         scores,
         baseline_score,
         candidate_score,
@@ -826,7 +873,13 @@ fn aggregate(
     candidate: WorkflowVersion,
 ) -> Aggregate {
     let n = runs.len();
-    let deltas: Vec<f64> = runs.iter().map(|r| r.delta).collect();
+    // An incomparable run has no meaningful delta.
+    let deltas: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.verdict != Ranking::Incomparable)
+        .map(|r| r.delta)
+        .collect();
+    let m = deltas.len();
     let mean = |xs: &[f64]| {
         if xs.is_empty() {
             0.0
@@ -840,10 +893,10 @@ fn aggregate(
     let seed = blake3::hash(format!("{baseline}{candidate}").as_bytes());
     let mut rng = rand_pcg::Pcg64::from_seed(*seed.as_bytes());
     let mut means = Vec::with_capacity(2000);
-    if n > 0 {
+    if m > 0 {
         for _ in 0..2000 {
-            let s: f64 = (0..n).map(|_| deltas[rng.random_range(0..n)]).sum();
-            means.push(s / n as f64);
+            let s: f64 = (0..m).map(|_| deltas[rng.random_range(0..m)]).sum();
+            means.push(s / m as f64);
         }
     }
     means.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -878,6 +931,10 @@ fn aggregate(
         wins: runs.iter().filter(|r| r.verdict == Ranking::Win).count(),
         ties: runs.iter().filter(|r| r.verdict == Ranking::Tie).count(),
         losses: runs.iter().filter(|r| r.verdict == Ranking::Loss).count(),
+        incomparable: runs
+            .iter()
+            .filter(|r| r.verdict == Ranking::Incomparable)
+            .count(),
         outputs_equal: runs.iter().filter(|r| r.output_equal).count(),
         mean_delta,
         ci95: (at(0.025), at(0.975)),
@@ -891,14 +948,22 @@ fn aggregate(
 
 // ----------------------------------------------------------------- models
 
-/// Answers model steps from a baseline run's recordings, by prompt hash.
+/// Answers model steps from a baseline run's recordings — only for a
+/// request identical to a recorded one (everything that reaches the
+/// provider, hashed: `ModelRequest::identity`), else from the configured
+/// provider (live modes) or not at all (replay: the step is reported not
+/// replayable, and the run cannot be ranked).
 pub struct ReplayModels {
     recorded: HashMap<String, ModelResponse>,
+    /// The baseline's provider and its default model, which a replaying
+    /// host answers as (a host needs no model configured to replay).
+    recorded_provider: Option<(String, String)>,
     live: Arc<dyn ModelProvider>,
     mode: ModelMode,
     replayed: AtomicU32,
     live_calls: AtomicU32,
-    missing: AtomicU32,
+    /// Request hashes asked for and not recorded (replay mode).
+    missing: std::sync::Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for ReplayModels {
@@ -914,39 +979,69 @@ impl std::fmt::Debug for ReplayModels {
 impl ReplayModels {
     fn new(episodes: &[Episode], live: Arc<dyn ModelProvider>, mode: ModelMode) -> Self {
         let mut recorded = HashMap::new();
+        let mut recorded_provider = None;
         for ep in episodes {
             for r in &ep.events {
-                if let EpisodeEvent::ModelCalled {
-                    prompt,
-                    text,
-                    model,
-                    usage,
-                    ..
-                } = &r.event
-                {
-                    recorded.entry(prompt.clone()).or_insert(ModelResponse {
-                        text: text.clone(),
-                        model: model.clone(),
-                        usage: *usage,
-                    });
+                match &r.event {
+                    EpisodeEvent::ModelRequested {
+                        request,
+                        default_model,
+                        ..
+                    } if recorded_provider.is_none() => {
+                        if let Some(p) = request["provider"].as_str() {
+                            recorded_provider = Some((p.to_owned(), default_model.clone()));
+                        }
+                    }
+                    // Answers recorded before requests were have no request
+                    // hash: they are never replayed (no false match).
+                    EpisodeEvent::ModelCalled {
+                        request_hash: Some(hash),
+                        text,
+                        model,
+                        usage,
+                        ..
+                    } => {
+                        recorded.entry(hash.clone()).or_insert(ModelResponse {
+                            text: text.clone(),
+                            model: model.clone(),
+                            usage: *usage,
+                        });
+                    }
+                    _ => {}
                 }
             }
         }
         ReplayModels {
             recorded,
+            recorded_provider,
             live,
             mode,
             replayed: AtomicU32::new(0),
             live_calls: AtomicU32::new(0),
-            missing: AtomicU32::new(0),
+            missing: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    fn missing(&self) -> Vec<String> {
+        self.missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn answers(&self) -> ModelAnswers {
         ModelAnswers {
             replayed: self.replayed.load(Ordering::SeqCst),
             live: self.live_calls.load(Ordering::SeqCst),
-            missing: self.missing.load(Ordering::SeqCst),
+            missing: u32::try_from(self.missing().len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Who the requests go to, as the replay compares them.
+    fn identity(&self) -> (&str, &str) {
+        match (&self.recorded_provider, self.mode) {
+            (Some((p, m)), ModelMode::Replay) => (p, m),
+            _ => (self.live.provider(), self.live.default_model()),
         }
     }
 }
@@ -954,18 +1049,16 @@ impl ReplayModels {
 #[async_trait]
 impl ModelProvider for ReplayModels {
     fn provider(&self) -> &str {
-        match self.mode {
-            ModelMode::Replay => "shadow-replay",
-            ModelMode::Live | ModelMode::ReplayOrLive => self.live.provider(),
-        }
+        self.identity().0
     }
 
     fn default_model(&self) -> &str {
-        self.live.default_model()
+        self.identity().1
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, Failure> {
-        let hash = poimen_store::BlobHash::of(request.prompt.as_bytes()).to_string();
+        let (provider, default_model) = self.identity();
+        let hash = poimen_executor::hash::hash_json(&request.identity(provider, default_model));
         if self.mode != ModelMode::Live
             && let Some(r) = self.recorded.get(&hash)
         {
@@ -973,16 +1066,163 @@ impl ModelProvider for ReplayModels {
             return Ok(r.clone());
         }
         if self.mode == ModelMode::Replay {
-            self.missing.fetch_add(1, Ordering::SeqCst);
+            self.missing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(hash.clone());
             return Err(Failure::new(
                 FailureClass::Unavailable,
                 format!(
-                    "no recorded answer for prompt {hash} in the baseline run (--models replay); use --models replay-or-live to ask the configured model"
+                    "not replayable: the baseline recorded no answer for request {hash} (the candidate asks something else: its prompt, system prompt, model, parameters or offered tools differ); use --models replay-or-live to ask the configured model"
                 ),
             ));
         }
         self.live_calls.fetch_add(1, Ordering::SeqCst);
         self.live.complete(request).await
+    }
+}
+
+// ------------------------------------------------------------------ tools
+
+/// Where tool steps of shadow runs that read the world get their outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolMode {
+    /// A tool that reads the world (a filesystem mount, the network)
+    /// answers an identical call (same component digest, same arguments)
+    /// with the baseline's recorded output, so a difference comes from the
+    /// candidate, not from the world changing since. A call the baseline
+    /// never made runs live.
+    #[default]
+    Replay,
+    /// Every tool runs live, against the world as it is now.
+    Live,
+}
+
+impl std::str::FromStr for ToolMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "replay" => Ok(ToolMode::Replay),
+            "live" => Ok(ToolMode::Live),
+            other => Err(format!("`{other}` is not a tool mode; use replay or live")),
+        }
+    }
+}
+
+/// How tool calls of a shadow run that read the world were answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ToolAnswers {
+    /// Answered with the baseline's recorded output.
+    pub replayed: u32,
+    /// Run live (`--tools live`, or a call the baseline never made).
+    pub live: u32,
+}
+
+/// The sandbox's tools, with world-reading calls replayed from a baseline.
+struct ReplayTools {
+    live: crate::tools::SandboxTools,
+    /// Recorded outcomes by (component digest, arguments hash).
+    recorded: HashMap<(String, String), (Result<Value, Failure>, Value)>,
+    mode: ToolMode,
+    baseline: String,
+    replayed: AtomicU32,
+    live_calls: AtomicU32,
+}
+
+impl ReplayTools {
+    fn new(
+        episodes: &[Episode],
+        live: crate::tools::SandboxTools,
+        mode: ToolMode,
+        baseline: &str,
+    ) -> Self {
+        let mut recorded = HashMap::new();
+        for ep in episodes {
+            for r in &ep.events {
+                if let EpisodeEvent::ToolCalled {
+                    tool,
+                    args_hash,
+                    outcome,
+                    record,
+                    reconciled: false,
+                    ..
+                } = &r.event
+                {
+                    recorded
+                        .entry((tool.digest.clone(), args_hash.clone()))
+                        .or_insert((outcome.clone().into_result(), record.clone()));
+                }
+            }
+        }
+        ReplayTools {
+            live,
+            recorded,
+            mode,
+            baseline: baseline.to_owned(),
+            replayed: AtomicU32::new(0),
+            live_calls: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether a component reads the world: a filesystem mount or the network.
+    fn reads_the_world(
+        &self,
+        tool: &poimen_executor::ToolIdentity,
+    ) -> Option<Vec<poimen_workflow::Capability>> {
+        let exact = poimen_workflow::ToolRef {
+            name: tool.name.clone(),
+            version: semver::VersionReq::parse(&format!("={}", tool.version)).ok()?,
+        };
+        let info =
+            poimen_workflow::ToolRegistry::resolve_tool(&self.live.host.tools(), &exact).ok()?;
+        let reads = info.capabilities.iter().any(|c| {
+            matches!(
+                c,
+                poimen_workflow::Capability::FilesystemRead { .. }
+                    | poimen_workflow::Capability::FilesystemWrite { .. }
+                    | poimen_workflow::Capability::Http
+            )
+        });
+        reads.then_some(info.capabilities)
+    }
+
+    fn answers(&self) -> ToolAnswers {
+        ToolAnswers {
+            replayed: self.replayed.load(Ordering::SeqCst),
+            live: self.live_calls.load(Ordering::SeqCst),
+        }
+    }
+}
+
+#[async_trait]
+impl poimen_executor::ToolHost for ReplayTools {
+    async fn invoke(&self, call: poimen_executor::ToolCall) -> poimen_executor::ToolResult {
+        if let Some(capabilities) = self.reads_the_world(&call.tool) {
+            if self.mode == ToolMode::Replay {
+                let key = (
+                    call.tool.digest.clone(),
+                    poimen_executor::hash::hash_json(&call.args),
+                );
+                if let Some((outcome, record)) = self.recorded.get(&key) {
+                    self.replayed.fetch_add(1, Ordering::SeqCst);
+                    return poimen_executor::ToolResult {
+                        outcome: outcome.clone(),
+                        record: serde_json::json!({
+                            "replayed_from": self.baseline,
+                            "record": record,
+                        }),
+                        capabilities,
+                    };
+                }
+            }
+            self.live_calls.fetch_add(1, Ordering::SeqCst);
+        }
+        self.live.invoke(call).await
+    }
+
+    async fn verify(&self, call: poimen_executor::VerifierCall) -> poimen_executor::VerifierResult {
+        self.live.verify(call).await
     }
 }
 
@@ -1026,6 +1266,35 @@ pub fn render_text(r: &ShadowReport) -> String {
             s,
             "{} shadow run(s) stopped at a judgment that could not be replayed",
             a.waiting_judgment
+        );
+    }
+    if a.incomparable > 0 {
+        let _ = writeln!(
+            s,
+            "{} run(s) could not be compared (a model request the baseline never made, or a judgment not replayed): neither win, tie nor loss",
+            a.incomparable
+        );
+    }
+    for run in r.runs.iter().filter(|x| !x.not_replayable.is_empty()) {
+        let _ = writeln!(
+            s,
+            "  {}: not replayable: {}",
+            run.run,
+            run.not_replayable.join(", ")
+        );
+    }
+    let (replayed, live) = r
+        .runs
+        .iter()
+        .fold((0, 0), |(a, b), x| (a + x.tools.replayed, b + x.tools.live));
+    if replayed + live > 0 {
+        let _ = writeln!(
+            s,
+            "tools that read the world: {replayed} call(s) answered from the baseline, {live} live (--tools {})",
+            match r.tools {
+                ToolMode::Replay => "replay",
+                ToolMode::Live => "live",
+            }
         );
     }
     for c in &a.criteria {
@@ -1144,8 +1413,8 @@ pub fn render_html(r: &ShadowReport) -> String {
         esc(&r.scoring)
     ));
     h.push_str(&format!(
-        "<h2>Summary</h2><table><tr><th>runs</th><th>wins</th><th>ties</th><th>losses</th><th>outputs equal</th><th>mean delta</th><th>95% CI</th></tr><tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:+.4}</td><td>{:+.4} .. {:+.4}</td></tr></table>",
-        a.runs, a.wins, a.ties, a.losses, a.outputs_equal, a.mean_delta, a.ci95.0, a.ci95.1
+        "<h2>Summary</h2><table><tr><th>runs</th><th>wins</th><th>ties</th><th>losses</th><th>incomparable</th><th>outputs equal</th><th>mean delta</th><th>95% CI</th></tr><tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:+.4}</td><td>{:+.4} .. {:+.4}</td></tr></table>",
+        a.runs, a.wins, a.ties, a.losses, a.incomparable, a.outputs_equal, a.mean_delta, a.ci95.0, a.ci95.1
     ));
     h.push_str("<h2>Score distributions</h2>");
     if a.criteria.is_empty() {

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use poimen_executor::{Clock, Executor, ExecutorConfig, ModelProvider};
+use poimen_executor::{Clock, Executor, ExecutorConfig, ModelProvider, ToolHost};
 use poimen_sandbox::PluginHost;
 use poimen_store::Store;
 
@@ -31,10 +31,24 @@ impl Wiring {
         clock: Arc<dyn Clock>,
         host_id: impl Into<String>,
     ) -> Wiring {
+        let tools = Arc::new(SandboxTools::new(sandbox.clone()));
+        Wiring::with_tools(store, sandbox, tools, models, clock, host_id)
+    }
+
+    /// Wires an executor whose tools are reached through `tools` (a layer
+    /// over the sandbox: shadow evaluation replays some calls).
+    pub fn with_tools(
+        store: Arc<dyn Store>,
+        sandbox: PluginHost,
+        tools: Arc<dyn ToolHost>,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        host_id: impl Into<String>,
+    ) -> Wiring {
         let loader = Arc::new(StoreLoader::new(store.clone(), sandbox.clone()));
         let executor = Executor::new(
             store.clone(),
-            Arc::new(SandboxTools::new(sandbox.clone())),
+            tools,
             models,
             clock,
             loader.clone(),

@@ -80,6 +80,8 @@ async fn harness_on(
     }
     let spin = std::fs::read(plugin_artifacts::ADV_SPIN).expect("spin component");
     b = b.component_bytes("adv:spin", spin);
+    let bad = std::fs::read(plugin_artifacts::ADV_BAD_OUTPUT).expect("bad-output component");
+    b = b.component_bytes("adv:bad-output", bad);
     let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
     let wiring = Wiring::new(
         store.clone(),
@@ -1437,6 +1439,58 @@ async fn admission_replace_cancels_the_oldest_and_queue_waits_for_a_slot() {
         .expect("task")
         .expect("run");
     assert_eq!(second.status, RunStatus::WaitingJudgment);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_tool_output_breaking_its_declared_schema_fails_the_step_and_the_record_says_so()
+{
+    let h = harness(vec![]).await;
+    let def = WorkflowDef::new("t.badout").with_step(StepDef::tool(
+        "bad",
+        tool("adv-bad-output@^0.1"),
+        json!({}),
+    ));
+    let out = h.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed, "{:?}", out.reason);
+    let failure = out.state.steps[&StepId::from("bad")]
+        .failure
+        .clone()
+        .expect("failure");
+    assert_eq!(failure.class, poimen_executor::FailureClass::Contract);
+    match failure.contract.as_deref() {
+        Some(poimen_executor::Contract::ToolOutput { tool, violations }) => {
+            assert!(tool.starts_with("adv-bad-output@"), "{tool}");
+            assert_eq!(
+                (violations[0].at.as_str(), violations[0].rule.as_str()),
+                ("/n", "type")
+            );
+        }
+        other => panic!("expected a tool-output contract, got {other:?}"),
+    }
+    // The hostcall record of the call says so, and the intent closed failed.
+    let ep = h.episode(&out.run).await;
+    let record = ep
+        .events
+        .iter()
+        .find_map(|r| match &r.event {
+            EpisodeEvent::ToolCalled { record, .. } => Some(record.clone()),
+            _ => None,
+        })
+        .expect("tool called");
+    assert_eq!(
+        record["outcome"]["kind"],
+        json!("output_schema"),
+        "{record}"
+    );
+    let phases: Vec<IntentPhase> = h
+        .store
+        .intents(&out.run)
+        .await
+        .expect("intents")
+        .into_iter()
+        .map(|i| i.phase)
+        .collect();
+    assert_eq!(phases.last(), Some(&IntentPhase::Failed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

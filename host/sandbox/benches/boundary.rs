@@ -1,4 +1,4 @@
-//! The sandbox benchmark (`cargo bench -p sandbox`): what the recorded
+//! The sandbox benchmark (`cargo bench -p poimen-sandbox --bench boundary`): what the recorded
 //! hostcall boundary costs over bare wasmtime, and what the compile cache
 //! saves at load.
 //!

@@ -4,7 +4,7 @@
 //! measured against. The in-memory store is the floor; the runtime hop is
 //! what leaving tokio for its blocking pool and back costs by itself.
 //!
-//! `cargo bench -p store`. Files live under Cargo's per-target temporary
+//! `cargo bench -p poimen-store --bench commit`. Files live under Cargo's per-target temporary
 //! directory (`CARGO_TARGET_TMPDIR`), i.e. on the disk of the target dir,
 //! not on a tmpfs `/tmp`, where fsync would be free.
 

@@ -90,6 +90,7 @@ impl RunCtx {
                             attempt: at.attempt,
                             request: identity,
                             request_hash: request_hash.clone(),
+                            default_model: provider.default_model().to_owned(),
                             reask: current.model_request.is_some(),
                         }],
                         Vec::new(),
@@ -118,6 +119,7 @@ impl RunCtx {
                         ),
                     ))
                 });
+                crash_point("before_model_committed");
                 match answer {
                     Ok(resp) => {
                         // The answer is durable before it is used: after a
