@@ -59,7 +59,7 @@ impl Target {
                 tenant: poimen_store::DEFAULT_TENANT.to_owned(),
                 idempotency_key: None,
                 parent: None,
-                owner: None,
+                lease: None,
                 created_at: 0,
             })
             .await

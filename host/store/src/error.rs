@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use poimen_workflow::{StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 
 use crate::ids::{BlobHash, JudgmentId, RunId};
-use crate::records::{IntentPhase, RunStatus};
+use crate::records::{Fence, IntentPhase, Lease, RunStatus};
 
 /// A failed store operation.
 #[derive(Debug)]
@@ -96,6 +96,16 @@ pub enum StoreError {
     JudgmentConflict { id: JudgmentId, detail: String },
     /// A completed or cancelled run cannot change status or output.
     RunFinal { run: RunId, status: RunStatus },
+    /// A fenced write (a commit, or a lease renewal) by a host that no
+    /// longer holds the run: another host took it over (a new tenure, with
+    /// a larger epoch), or the lease was released. Nothing was written.
+    LeaseLost {
+        run: RunId,
+        /// The owner and epoch the write claimed.
+        fence: Fence,
+        /// The run's lease now (`None`: no host holds it).
+        holder: Option<Lease>,
+    },
     /// A commit that is malformed on its face (an intent of another run, …).
     InvalidCommit { run: RunId, detail: String },
     /// The store file or its directory cannot be written.
@@ -318,6 +328,21 @@ impl fmt::Display for StoreError {
                 f,
                 "run {run} is {status}, which is final: its status and output cannot change. Start a new run instead"
             ),
+            StoreError::LeaseLost { run, fence, holder } => {
+                write!(f, "run {run}: {fence} no longer holds this run; ")?;
+                match holder {
+                    Some(h) => write!(
+                        f,
+                        "host `{}` holds it now, at lease epoch {} (lease until {} ms)",
+                        h.owner, h.epoch, h.expires_at
+                    )?,
+                    None => f.write_str("no host holds it (its lease was released)")?,
+                }
+                f.write_str(
+                    ". Nothing of this write was written; this host must stop driving the run \
+                     (claim it again to resume it, if no other host drives it)",
+                )
+            }
             StoreError::InvalidCommit { run, detail } => write!(
                 f,
                 "commit for run {run} refused: {detail}; nothing of it was written"

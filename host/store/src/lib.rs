@@ -31,9 +31,10 @@ pub use ids::{BlobHash, HASH_PREFIX, IdParseError, JudgmentId, RunId};
 pub use location::{LOCAL_DIR, LocationSource, STORE_FILE, StoreLocation};
 pub use memory::MemoryStore;
 pub use records::{
-    Commit, CreateRun, DEFAULT_TENANT, Durability, IntentPhase, IntentRecord, JudgmentRecord,
-    JudgmentStatus, JudgmentWrite, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter,
-    RunRecord, RunStatus, RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
+    Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase, IntentRecord,
+    JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, NewEvent, NewRun,
+    NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, RunUpdate, StoredEvent,
+    VersionRecord, WorkflowSummary,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};

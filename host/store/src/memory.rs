@@ -18,8 +18,8 @@ use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
     Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
-    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
-    VersionRecord, WorkflowSummary,
+    Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
+    VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 use crate::store::{Store, StoreResult};
@@ -38,6 +38,9 @@ struct State {
     version_index: HashMap<WorkflowVersion, usize>,
     blobs: HashMap<BlobHash, Vec<u8>>,
     runs: Vec<RunRecord>,
+    /// The largest lease epoch each run had (same index as `runs`): it
+    /// outlives a release, so every tenure's epoch is larger than the last.
+    epochs: Vec<u64>,
     run_index: HashMap<RunId, usize>,
     run_keys: HashMap<String, usize>,
     events: HashMap<RunId, Vec<StoredEvent>>,
@@ -74,6 +77,27 @@ impl State {
 
     fn version(&self, v: &WorkflowVersion) -> Option<&VersionRecord> {
         self.versions.get(*self.version_index.get(v)?)
+    }
+
+    fn run_index(&self, id: &RunId) -> Result<usize, StoreError> {
+        self.run_index
+            .get(id)
+            .copied()
+            .ok_or_else(|| StoreError::not_found(format!("run {id}")))
+    }
+
+    /// Starts a new tenure of run `i` for `owner`: the next epoch.
+    fn claim(&mut self, i: usize, owner: &str, now: i64, ttl_ms: i64) -> Lease {
+        self.epochs[i] += 1;
+        let r = &mut self.runs[i];
+        let lease = Lease {
+            run: r.id.clone(),
+            owner: owner.to_owned(),
+            epoch: self.epochs[i],
+            expires_at: expiry(now, ttl_ms),
+        };
+        r.lease = Some(lease.clone());
+        lease
     }
 }
 
@@ -216,10 +240,16 @@ impl Store for MemoryStore {
             parent: new.parent,
             created_at: new.created_at,
             updated_at: new.created_at,
-            owner: new.owner,
+            lease: new.lease.map(|l| Lease {
+                run: new.id.clone(),
+                owner: l.owner,
+                epoch: 1,
+                expires_at: expiry(new.created_at, l.ttl_ms),
+            }),
         };
         s.blobs.entry(input_hash).or_insert(new.input);
         let i = s.runs.len();
+        s.epochs.push(rec.lease.as_ref().map_or(0, |l| l.epoch));
         s.run_index.insert(rec.id.clone(), i);
         if let Some(key) = new.idempotency_key {
             s.run_keys.insert(key, i);
@@ -276,6 +306,7 @@ impl Store for MemoryStore {
         let run = s
             .run(&c.run)
             .ok_or_else(|| StoreError::not_found(format!("run {}", c.run)))?;
+        rules::check_fence(&c, run.lease.as_ref())?;
         let (status, output) = (run.status, run.output_hash);
         let next = s.events.get(&c.run).map_or(0, |e| e.len() as u64);
         rules::check_first_seq(&c, next)?;
@@ -346,6 +377,7 @@ impl Store for MemoryStore {
         // Apply.
         let Commit {
             run: run_id,
+            fence: _,
             blobs,
             events,
             intents,
@@ -447,16 +479,68 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn claim_run(&self, run: &RunId, owner: &str, _now: i64) -> StoreResult<bool> {
+    async fn claim_run(
+        &self,
+        run: &RunId,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<Lease>> {
         let mut s = self.lock();
-        let r = s
-            .run_mut(run)
-            .ok_or_else(|| StoreError::not_found(format!("run {run}")))?;
-        if r.status.is_terminal() || r.owner.as_deref().is_some_and(|o| o != owner) {
-            return Ok(false);
+        let i = s.run_index(run)?;
+        let r = &s.runs[i];
+        if !rules::may_claim(r.status, r.lease.as_ref(), owner, now) {
+            return Ok(None);
         }
-        r.owner = Some(owner.to_owned());
-        Ok(true)
+        Ok(Some(s.claim(i, owner, now, ttl_ms)))
+    }
+
+    async fn claim_runnable(
+        &self,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<(RunRecord, Lease)>> {
+        let mut s = self.lock();
+        let mut picked: Vec<usize> = (0..s.runs.len())
+            .filter(|&i| rules::is_runnable(s.runs[i].status, s.runs[i].lease.as_ref(), now))
+            .collect();
+        picked.sort_by(|&a, &b| {
+            let (ra, rb) = (&s.runs[a], &s.runs[b]);
+            (ra.created_at, ra.id.as_str()).cmp(&(rb.created_at, rb.id.as_str()))
+        });
+        picked.truncate(limit as usize);
+        Ok(picked
+            .into_iter()
+            .map(|i| {
+                let lease = s.claim(i, owner, now, ttl_ms);
+                (s.runs[i].clone(), lease)
+            })
+            .collect())
+    }
+
+    async fn renew_lease(&self, lease: &Lease, now: i64, ttl_ms: i64) -> StoreResult<Lease> {
+        let mut s = self.lock();
+        let i = s.run_index(&lease.run)?;
+        let r = &mut s.runs[i];
+        rules::check_renewal(lease, r.lease.as_ref())?;
+        let renewed = Lease {
+            expires_at: expiry(now, ttl_ms),
+            ..lease.clone()
+        };
+        r.lease = Some(renewed.clone());
+        Ok(renewed)
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        let mut s = self.lock();
+        let i = s.run_index(&lease.run)?;
+        let r = &mut s.runs[i];
+        if rules::holds(r.lease.as_ref(), &lease.fence()) {
+            r.lease = None;
+        }
+        Ok(())
     }
 
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
@@ -464,7 +548,9 @@ impl Store for MemoryStore {
             .lock()
             .runs
             .iter()
-            .filter(|r| !r.status.is_terminal() && r.owner.as_deref() == Some(owner))
+            .filter(|r| {
+                !r.status.is_terminal() && r.lease.as_ref().is_some_and(|l| l.owner == owner)
+            })
             .cloned()
             .collect())
     }

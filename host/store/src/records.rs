@@ -193,8 +193,9 @@ pub struct RunRecord {
     pub parent: Option<(RunId, StepId)>,
     pub created_at: i64,
     pub updated_at: i64,
-    /// The host that holds the run's lease.
-    pub owner: Option<String>,
+    /// The host that holds the run's lease, until when, and its fencing
+    /// epoch; `None` when no host holds it (never claimed, or released).
+    pub lease: Option<Lease>,
 }
 
 /// A run to create. It starts `queued`.
@@ -213,8 +214,9 @@ pub struct NewRun {
     /// Global to the store, not scoped by tenant.
     pub idempotency_key: Option<String>,
     pub parent: Option<(RunId, StepId)>,
-    /// Claim the run for this host at creation.
-    pub owner: Option<String>,
+    /// Claim the run for a host at creation: the run starts with a lease of
+    /// epoch 1 that expires at `created_at + ttl_ms`.
+    pub lease: Option<LeaseRequest>,
     pub created_at: i64,
 }
 
@@ -258,6 +260,68 @@ pub struct RunFilter {
     pub tenant: Option<String>,
     pub parent: Option<RunId>,
     pub limit: Option<u32>,
+}
+
+// ------------------------------------------------------------------ leases
+
+/// A host's tenure on a run: who, until when, and the fencing epoch.
+///
+/// Every claim starts a new tenure with an epoch larger than any the run had
+/// before (the epoch survives a release), so a host that lost the run — to
+/// a takeover after its lease expired, or to a second process under the same
+/// host name — can be told apart from the one that holds it now: its
+/// commits carry the old epoch in their [`Fence`] and are refused with
+/// [`StoreError::LeaseLost`](crate::StoreError::LeaseLost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub run: RunId,
+    /// The host holding the run.
+    pub owner: String,
+    /// The fencing epoch of this tenure: 1 for a run's first, then one more
+    /// per claim.
+    pub epoch: u64,
+    /// Milliseconds since the Unix epoch after which another host may take
+    /// the run over (`expires_at <= now`). Until a takeover, the holder's
+    /// commits are accepted even past it.
+    pub expires_at: i64,
+}
+
+impl Lease {
+    /// What a commit written under this lease carries.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            owner: self.owner.clone(),
+            epoch: self.epoch,
+        }
+    }
+}
+
+/// What a commit carries to prove its writer still holds the run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    pub owner: String,
+    pub epoch: u64,
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host `{}` at lease epoch {}", self.owner, self.epoch)
+    }
+}
+
+/// Ask for a lease when creating a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The host that will drive the run.
+    pub owner: String,
+    /// How long the lease lasts from the run's `created_at`, in milliseconds.
+    pub ttl_ms: i64,
+}
+
+/// When a lease taken at `now` for `ttl_ms` expires (saturating: a huge ttl
+/// is "never", not an overflow).
+pub(crate) fn expiry(now: i64, ttl_ms: i64) -> i64 {
+    now.saturating_add(ttl_ms)
 }
 
 // ------------------------------------------------------------------ events
@@ -440,6 +504,11 @@ pub struct RunUpdate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Commit {
     pub run: RunId,
+    /// The lease the writer holds: the commit is refused, with nothing
+    /// written, unless the run's current lease is this owner at this epoch
+    /// ([`StoreError::LeaseLost`](crate::StoreError::LeaseLost)). `None`: an
+    /// unfenced write (an operator's), accepted whoever holds the run.
+    pub fence: Option<Fence>,
     /// Blobs the rest of the commit refers to (prompts, outputs).
     pub blobs: Vec<Vec<u8>>,
     /// Appended to the episode; `seq`s continue exactly from the last stored one.
@@ -452,10 +521,11 @@ pub struct Commit {
 }
 
 impl Commit {
-    /// An empty, `Sync` commit for `run`.
+    /// An empty, unfenced, `Sync` commit for `run`.
     pub fn new(run: RunId) -> Self {
         Commit {
             run,
+            fence: None,
             blobs: Vec::new(),
             events: Vec::new(),
             intents: Vec::new(),

@@ -10,8 +10,8 @@ use std::path::Path;
 use crate::error::{IdempotencyConflict, StoreError};
 use crate::ids::BlobHash;
 use crate::records::{
-    Commit, CreateRun, IntentPhase, IntentRecord, NewRun, NewVersion, PublishOutcome, RunRecord,
-    RunStatus, VersionRecord,
+    Commit, CreateRun, Fence, IntentPhase, IntentRecord, Lease, NewRun, NewVersion, PublishOutcome,
+    RunRecord, RunStatus, VersionRecord,
 };
 use poimen_workflow::{WorkflowId, WorkflowVersion};
 
@@ -264,6 +264,58 @@ pub(crate) fn check_run_update(
     Ok(())
 }
 
+// ------------------------------------------------------------------ leases
+
+/// Whether `owner` may claim, at `now`, a run in `status` whose lease is
+/// `current`: the run is not terminal, and no one holds it, its lease
+/// expired (`expires_at <= now`), or `owner` already holds it.
+pub(crate) fn may_claim(status: RunStatus, current: Option<&Lease>, owner: &str, now: i64) -> bool {
+    !status.is_terminal() && current.is_none_or(|l| l.owner == owner || l.expires_at <= now)
+}
+
+/// Whether a run needs a driver: `claim_runnable` takes it. Queued or
+/// running (a run waiting for a judgment, or blocked, waits for an
+/// operator), and no one holds it or its lease expired. A live lease of
+/// the caller itself does not count: that run is already driven.
+pub(crate) fn is_runnable(status: RunStatus, current: Option<&Lease>, now: i64) -> bool {
+    matches!(status, RunStatus::Queued | RunStatus::Running)
+        && current.is_none_or(|l| l.expires_at <= now)
+}
+
+/// Whether `current` is still the tenure `fence` names.
+pub(crate) fn holds(current: Option<&Lease>, fence: &Fence) -> bool {
+    current.is_some_and(|l| l.owner == fence.owner && l.epoch == fence.epoch)
+}
+
+/// A fenced commit must come from the run's current tenure; an unfenced one
+/// (an operator's write) is accepted whoever holds the run. Expiry alone
+/// does not refuse a commit: only a takeover, which starts a new epoch, or
+/// a release does.
+pub(crate) fn check_fence(c: &Commit, current: Option<&Lease>) -> Result<(), StoreError> {
+    match &c.fence {
+        Some(fence) if !holds(current, fence) => Err(StoreError::LeaseLost {
+            run: c.run.clone(),
+            fence: fence.clone(),
+            holder: current.cloned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Renewing `lease` when the run's lease is `current`.
+pub(crate) fn check_renewal(lease: &Lease, current: Option<&Lease>) -> Result<(), StoreError> {
+    let fence = lease.fence();
+    if holds(current, &fence) {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost {
+            run: lease.run.clone(),
+            fence,
+            holder: current.cloned(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +350,36 @@ mod tests {
                 assert_eq!(p.is_terminal(), !followed, "{p:?}");
             }
         }
+    }
+
+    fn lease(owner: &str, epoch: u64, expires_at: i64) -> Lease {
+        Lease {
+            run: "WFR-01HF7YAT000000000000000001".parse().expect("run id"),
+            owner: owner.into(),
+            epoch,
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn who_may_claim_and_what_is_runnable() {
+        use RunStatus::*;
+        let live = lease("a", 3, 100);
+        for status in RunStatus::ALL {
+            let open = !status.is_terminal();
+            assert_eq!(may_claim(status, None, "a", 50), open, "{status}");
+            assert_eq!(may_claim(status, Some(&live), "a", 50), open, "{status}");
+            assert!(!may_claim(status, Some(&live), "b", 50), "{status}");
+            assert_eq!(may_claim(status, Some(&live), "b", 100), open, "{status}");
+            let runnable = matches!(status, Queued | Running);
+            assert_eq!(is_runnable(status, None, 50), runnable, "{status}");
+            assert!(!is_runnable(status, Some(&live), 50), "{status}");
+            assert_eq!(is_runnable(status, Some(&live), 100), runnable, "{status}");
+        }
+        assert!(holds(Some(&live), &live.fence()));
+        assert!(!holds(Some(&live), &lease("a", 2, 100).fence()));
+        assert!(!holds(Some(&live), &lease("b", 3, 100).fence()));
+        assert!(!holds(None, &live.fence()));
     }
 
     #[test]

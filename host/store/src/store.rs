@@ -16,8 +16,8 @@ use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, IntentRecord, JudgmentRecord, NewRun, NewVersion, PublishOutcome, RunFilter,
-    RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    Commit, CreateRun, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion, PublishOutcome,
+    RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
 };
 
 /// Result of a store operation.
@@ -78,7 +78,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::IdempotencyConflict`] naming both input hashes.
     /// Retrying a create with the same id and content returns
     /// [`CreateRun::Existing`]; the same id with other content is
-    /// [`StoreError::RunIdConflict`]. Durable when it returns.
+    /// [`StoreError::RunIdConflict`]. With [`NewRun::lease`] the run starts
+    /// held: epoch 1, expiring at `created_at + ttl_ms`. Durable when it
+    /// returns.
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun>;
 
     async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>>;
@@ -97,7 +99,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::IntentOutOfOrder`] if an intent phase breaks the
     /// protocol (pending → dispatched… → committed | failed | abandoned;
     /// failed may also follow pending), with [`StoreError::RunFinal`] when it would change a
-    /// completed or cancelled run. Durable per `commit.durability`.
+    /// completed or cancelled run. A fenced commit (`commit.fence` set) is
+    /// refused with [`StoreError::LeaseLost`] unless the run's lease is
+    /// still that owner at that epoch — checked inside the transaction,
+    /// before anything else of the run; an expired lease not yet taken over
+    /// still holds. Durable per `commit.durability`.
     async fn commit(&self, commit: Commit) -> StoreResult<()>;
 
     /// The run's episode, in `seq` order (empty for an unknown run).
@@ -116,12 +122,51 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     // -------------------------------------------------------------- leases
 
-    /// Makes `owner` the run's owner if it has none or already is: `true`
-    /// then, `false` if another host holds it or the run is terminal.
-    /// Durable when it returns.
-    async fn claim_run(&self, run: &RunId, owner: &str, now: i64) -> StoreResult<bool>;
+    /// Claims the run for `owner` until `now + ttl_ms`, if it is not
+    /// terminal and no host holds it, its lease expired (`expires_at <=
+    /// now`), or `owner` already holds it. Every claim starts a new tenure:
+    /// the epoch is one more than any the run had (so a second process
+    /// under the same host name fences out the first). `None` if another
+    /// host holds a live lease or the run is terminal;
+    /// [`StoreError::NotFound`] if there is no such run. Durable when it
+    /// returns.
+    async fn claim_run(
+        &self,
+        run: &RunId,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<Lease>>;
 
-    /// Non-terminal runs owned by `owner`, oldest first.
+    /// Atomically claims, for `owner` until `now + ttl_ms`, up to `limit`
+    /// runs that need a driver: `queued` or `running`, with no lease or an
+    /// expired one (`waiting_judgment` and `blocked` runs wait for an
+    /// operator, whose host takes them with [`Store::claim_run`]). Oldest
+    /// `created_at` first, then by id; each claim is a new tenure, as in
+    /// `claim_run`. Two callers — tasks, processes or hosts — never get the
+    /// same run. Durable when it returns.
+    async fn claim_runnable(
+        &self,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<(RunRecord, Lease)>>;
+
+    /// Extends `lease` to `now + ttl_ms` if the run's lease is still its
+    /// owner at its epoch (even past its expiry, if no one took the run
+    /// over); the epoch never changes. [`StoreError::LeaseLost`] otherwise,
+    /// [`StoreError::NotFound`] for an unknown run. Durable when it returns.
+    async fn renew_lease(&self, lease: &Lease, now: i64, ttl_ms: i64) -> StoreResult<Lease>;
+
+    /// Gives the run up: clears its holder if it still is `lease`'s owner at
+    /// `lease`'s epoch, and does nothing otherwise (the run was taken over).
+    /// The epoch stays, so the next tenure's is larger.
+    /// [`StoreError::NotFound`] for an unknown run. Durable when it returns.
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()>;
+
+    /// Non-terminal runs whose lease `owner` holds (expired or not), oldest
+    /// first.
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>>;
 
     /// Every non-terminal run (queued, running, waiting for a judgment,

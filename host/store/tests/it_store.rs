@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poimen_store::{
-    BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, IntentPhase, IntentRecord, JudgmentId,
-    JudgmentStatus, JudgmentWrite, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome,
-    RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore,
-    Store, StoreError, Ulid, VersionRecord,
+    BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase, IntentRecord,
+    JudgmentId, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun,
+    NewVersion, PublishOutcome, RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION,
+    SqliteOptions, SqliteStore, Store, StoreError, Ulid, VersionRecord,
 };
 use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use serde_json::{Value, json};
@@ -63,7 +63,7 @@ fn new_run(n: u128, version: WorkflowVersion, input: &Value) -> NewRun {
         tenant: DEFAULT_TENANT.to_owned(),
         idempotency_key: None,
         parent: None,
-        owner: None,
+        lease: None,
         created_at: T0 + n as i64,
     }
 }
@@ -184,6 +184,12 @@ conformance!(
     judgments_open_and_answer_once,
     run_updates_and_final_states,
     leases_and_recovery_queries,
+    a_run_created_with_a_lease_is_held,
+    a_takeover_after_expiry_starts_a_new_epoch,
+    a_reclaim_by_the_same_owner_starts_a_new_epoch,
+    a_fenced_commit_after_a_takeover_writes_nothing,
+    claim_runnable_takes_the_oldest_runs_that_need_a_driver,
+    concurrent_claim_runnable_callers_never_share_a_run,
     concurrent_commits_from_many_tasks,
     json_bodies_round_trip_exactly,
 );
@@ -713,6 +719,7 @@ async fn a_failed_commit_leaves_nothing(h: &Harness) {
     let blob = b"an output nobody may see".to_vec();
     let full_batch = |tail: Vec<IntentRecord>| Commit {
         run: run.id.clone(),
+        fence: None,
         blobs: vec![blob.clone()],
         events: vec![event(1, "tool_call"), event(2, "judgment_requested")],
         intents: [
@@ -1438,63 +1445,526 @@ async fn run_updates_and_final_states(h: &Harness) {
         .expect("event");
 }
 
+const TTL: i64 = 30_000;
+
+fn fenced(lease: &Lease, events: Vec<NewEvent>) -> Commit {
+    Commit {
+        fence: Some(lease.fence()),
+        ..commit_of(&lease.run, events)
+    }
+}
+
+fn set_status(run: &RunId, status: RunStatus) -> Commit {
+    let mut c = Commit::new(run.clone());
+    c.run_update = Some(RunUpdate {
+        status,
+        reason: None,
+        output_hash: None,
+        updated_at: T0 + 5,
+    });
+    c
+}
+
+/// The lease a claim returned (`None`: refused).
+async fn claim(s: &dyn Store, run: &RunId, owner: &str, now: i64) -> Option<Lease> {
+    s.claim_run(run, owner, now, TTL).await.expect("claim")
+}
+
+async fn lease_of(s: &dyn Store, run: &RunId) -> Option<Lease> {
+    s.run(run).await.expect("read").expect("exists").lease
+}
+
 async fn leases_and_recovery_queries(h: &Harness) {
     let s = h.s();
     let a = make_run(s, 1).await;
     let b = make_run(s, 2).await;
     let c = make_run(s, 3).await;
-    assert!(s.claim_run(&a.id, "host-1", T0).await.expect("claim"));
-    assert!(
-        s.claim_run(&a.id, "host-1", T0 + 1)
-            .await
-            .expect("re-claim")
+    assert_eq!(a.lease, None, "a run starts unheld");
+    let la = claim(s, &a.id, "host-1", T0).await.expect("claimed");
+    assert_eq!(
+        la,
+        Lease {
+            run: a.id.clone(),
+            owner: "host-1".into(),
+            epoch: 1,
+            expires_at: T0 + TTL,
+        }
     );
-    assert!(!s.claim_run(&a.id, "host-2", T0).await.expect("taken"));
-    assert!(s.claim_run(&b.id, "host-2", T0).await.expect("claim"));
-    let mut done = Commit::new(c.id.clone());
-    done.run_update = Some(RunUpdate {
-        status: RunStatus::Cancelled,
-        reason: Some("operator".into()),
-        output_hash: None,
-        updated_at: T0,
-    });
-    s.commit(done).await.expect("cancel");
-    assert!(!s.claim_run(&c.id, "host-1", T0).await.expect("terminal"));
+    assert_eq!(
+        la.fence(),
+        Fence {
+            owner: "host-1".into(),
+            epoch: 1
+        }
+    );
+    assert_eq!(lease_of(s, &a.id).await, Some(la.clone()));
+    assert_eq!(claim(s, &a.id, "host-2", T0 + 1).await, None, "held");
+    assert!(claim(s, &b.id, "host-2", T0).await.is_some());
+    s.commit(set_status(&c.id, RunStatus::Cancelled))
+        .await
+        .expect("cancel");
+    assert_eq!(claim(s, &c.id, "host-1", T0).await, None, "terminal");
     let err = s
-        .claim_run(&run_id(99), "host-1", T0)
+        .claim_run(&run_id(99), "host-1", T0, TTL)
         .await
         .expect_err("unknown");
-    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
-
-    let owned: Vec<_> = s
-        .runs_owned_by("host-1")
-        .await
-        .expect("owned")
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(owned, vec![a.id.clone()]);
-    assert_eq!(
-        s.run(&a.id).await.expect("read").and_then(|r| r.owner),
-        Some("host-1".to_owned())
+    assert!(
+        matches!(&err, StoreError::NotFound { what } if what.contains(run_id(99).as_str())),
+        "{err:?}"
     );
-    let in_flight: Vec<_> = s
-        .in_flight_runs()
-        .await
-        .expect("in flight")
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(in_flight, vec![a.id.clone(), b.id.clone()]);
 
-    // Owner given at creation.
+    let owned = s.runs_owned_by("host-1").await.expect("owned");
+    assert_eq!(ids(&owned), std::slice::from_ref(&a.id));
+    assert_eq!(owned[0].lease, Some(la.clone()));
+    let in_flight = s.in_flight_runs().await.expect("in flight");
+    assert_eq!(ids(&in_flight), [a.id.clone(), b.id.clone()]);
+
+    // Renewing extends the expiry and keeps the epoch.
+    let renewed = s.renew_lease(&la, T0 + 10_000, TTL).await.expect("renew");
+    assert_eq!(
+        renewed,
+        Lease {
+            expires_at: T0 + 10_000 + TTL,
+            ..la.clone()
+        }
+    );
+    assert_eq!(lease_of(s, &a.id).await, Some(renewed.clone()));
+    // Still held at T0 + TTL + 1 thanks to the renewal.
+    assert_eq!(claim(s, &a.id, "host-2", T0 + TTL + 1).await, None);
+
+    // Releasing clears the holder; the run is claimable by anyone, at a
+    // larger epoch than any before.
+    s.release_lease(&renewed).await.expect("release");
+    assert_eq!(lease_of(s, &a.id).await, None);
+    assert!(s.runs_owned_by("host-1").await.expect("owned").is_empty());
+    s.release_lease(&renewed)
+        .await
+        .expect("released twice: a no-op");
+    let err = s
+        .renew_lease(&renewed, T0 + 11_000, TTL)
+        .await
+        .expect_err("released");
+    assert!(
+        matches!(&err, StoreError::LeaseLost { run, fence, holder: None }
+            if *run == a.id && *fence == renewed.fence()),
+        "{err:?}"
+    );
+    let again = claim(s, &a.id, "host-2", T0 + 12_000).await.expect("free");
+    assert_eq!((again.owner.as_str(), again.epoch), ("host-2", 2));
+    // Releasing with a stale lease does nothing.
+    s.release_lease(&renewed).await.expect("stale release");
+    assert_eq!(lease_of(s, &a.id).await, Some(again.clone()));
+    let err = s
+        .release_lease(&Lease {
+            run: run_id(99),
+            ..again
+        })
+        .await
+        .expect_err("unknown run");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn a_run_created_with_a_lease_is_held(h: &Harness) {
+    let s = h.s();
     let v = publish(s, "demo.flow", "a", None).await;
-    let owned_run = NewRun {
-        owner: Some("host-3".into()),
+    let held = NewRun {
+        lease: Some(LeaseRequest {
+            owner: "host-3".into(),
+            ttl_ms: TTL,
+        }),
         ..new_run(4, v.version, &json!(4))
     };
-    s.create_run(owned_run).await.expect("create");
-    assert_eq!(s.runs_owned_by("host-3").await.expect("owned").len(), 1);
+    let rec = s
+        .create_run(held.clone())
+        .await
+        .expect("create")
+        .into_record();
+    let want = Lease {
+        run: run_id(4),
+        owner: "host-3".into(),
+        epoch: 1,
+        expires_at: T0 + 4 + TTL,
+    };
+    assert_eq!(rec.lease, Some(want.clone()));
+    assert_eq!(lease_of(s, &rec.id).await, Some(want.clone()));
+    assert_eq!(
+        ids(&s.runs_owned_by("host-3").await.expect("owned")),
+        [run_id(4)]
+    );
+    // A retry of the create is the same run, lease and all.
+    assert_eq!(
+        s.create_run(held).await.expect("retry"),
+        CreateRun::Existing(rec)
+    );
+    // Its creator commits under the lease at once; no one else may claim it.
+    s.commit(fenced(&want, vec![event(0, "run_started")]))
+        .await
+        .expect("fenced commit");
+    assert_eq!(claim(s, &run_id(4), "host-1", T0 + 5).await, None);
+    assert!(
+        s.claim_runnable("host-1", T0 + 5, TTL, 10)
+            .await
+            .expect("runnable")
+            .is_empty()
+    );
+}
+
+async fn a_takeover_after_expiry_starts_a_new_epoch(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let first = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+    // Not before expiry, and exactly at it.
+    assert_eq!(claim(s, &run.id, "host-2", T0 + TTL - 1).await, None);
+    let second = claim(s, &run.id, "host-2", T0 + TTL)
+        .await
+        .expect("expired: taken over");
+    assert_eq!(
+        second,
+        Lease {
+            run: run.id.clone(),
+            owner: "host-2".into(),
+            epoch: first.epoch + 1,
+            expires_at: T0 + 2 * TTL,
+        }
+    );
+    assert_eq!(lease_of(s, &run.id).await, Some(second.clone()));
+    assert!(s.runs_owned_by("host-1").await.expect("owned").is_empty());
+    // The old holder cannot renew.
+    let err = s
+        .renew_lease(&first, T0 + TTL + 1, TTL)
+        .await
+        .expect_err("taken over");
+    match &err {
+        StoreError::LeaseLost {
+            run: r,
+            fence,
+            holder,
+        } => {
+            assert_eq!(*r, run.id);
+            assert_eq!(*fence, first.fence());
+            assert_eq!(holder.as_ref(), Some(&second));
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert_eq!(lease_of(s, &run.id).await, Some(second.clone()));
+    // The new holder renews past its own expiry when no one took over.
+    let later = s
+        .renew_lease(&second, T0 + 5 * TTL, TTL)
+        .await
+        .expect("late renewal");
+    assert_eq!(
+        (later.epoch, later.expires_at),
+        (second.epoch, T0 + 6 * TTL)
+    );
+}
+
+async fn a_reclaim_by_the_same_owner_starts_a_new_epoch(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let first = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+    // A second process under the same host name, while the lease is live.
+    let second = claim(s, &run.id, "host-1", T0 + 1)
+        .await
+        .expect("reclaimed");
+    assert_eq!(second.epoch, first.epoch + 1);
+    assert_eq!(second.expires_at, T0 + 1 + TTL);
+    let third = claim(s, &run.id, "host-1", T0 + 2).await.expect("again");
+    assert_eq!(third.epoch, 3);
+    // The first process is fenced out.
+    let err = s
+        .commit(fenced(&first, vec![event(0, "stale")]))
+        .await
+        .expect_err("fenced out");
+    assert!(
+        matches!(&err, StoreError::LeaseLost { holder: Some(h), .. } if *h == third),
+        "{err:?}"
+    );
+    let err = s.renew_lease(&second, T0 + 3, TTL).await.expect_err("old");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    // The epoch survives a release: the next tenure's is larger still.
+    s.release_lease(&third).await.expect("release");
+    let fourth = claim(s, &run.id, "host-2", T0 + 4).await.expect("free");
+    assert_eq!(fourth.epoch, 4);
+    let (lr, _) = s
+        .claim_runnable("host-3", T0 + 4 + TTL, TTL, 5)
+        .await
+        .expect("runnable")
+        .into_iter()
+        .next()
+        .expect("expired: runnable");
+    assert_eq!(lr.lease.map(|l| l.epoch), Some(5));
+}
+
+async fn a_fenced_commit_after_a_takeover_writes_nothing(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let old = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+    let mut c = fenced(&old, vec![event(0, "run_started")]);
+    c.intents = vec![intent(&run.id, "fetch", 1, IntentPhase::Pending)];
+    s.commit(c).await.expect("the holder commits");
+    // Past expiry, before a takeover: the holder's commits still go in.
+    let mut c = fenced(&old, vec![event(1, "step_started")]);
+    c.intents = vec![intent(&run.id, "fetch", 1, IntentPhase::Dispatched)];
+    s.commit(c).await.expect("expired but not taken over");
+
+    let new = claim(s, &run.id, "host-2", T0 + TTL + 5)
+        .await
+        .expect("takeover");
+    assert_eq!(new.epoch, old.epoch + 1);
+    let blob = b"what the old holder computed".to_vec();
+    let stale = Commit {
+        run: run.id.clone(),
+        fence: Some(old.fence()),
+        blobs: vec![blob.clone()],
+        events: vec![event(2, "tool_call")],
+        intents: vec![intent(&run.id, "fetch", 1, IntentPhase::Committed)],
+        judgments: vec![JudgmentWrite::Open {
+            id: judgment_id(1),
+            step: StepId::from("review"),
+            iteration: 0,
+            request: json!({"q": "ok?"}),
+            request_hash: "b3:req".into(),
+            at: T0,
+        }],
+        run_update: Some(RunUpdate {
+            status: RunStatus::Completed,
+            reason: None,
+            output_hash: Some(BlobHash::of(&blob)),
+            updated_at: T0 + 99,
+        }),
+        durability: Durability::Sync,
+    };
+    let before = s.run(&run.id).await.expect("read").expect("exists");
+    let err = s.commit(stale.clone()).await.expect_err("lease lost");
+    match &err {
+        StoreError::LeaseLost {
+            run: r,
+            fence,
+            holder,
+        } => {
+            assert_eq!(*r, run.id);
+            assert_eq!(*fence, old.fence());
+            assert_eq!(holder.as_ref(), Some(&new));
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(run.id.as_str())
+            && msg.contains("`host-1`")
+            && msg.contains("`host-2`")
+            && msg.contains("no longer holds")
+            && msg.contains("stop driving"),
+        "{msg}"
+    );
+    // Nothing of it was written.
+    assert_eq!(s.events(&run.id).await.expect("events").len(), 2);
+    assert_eq!(s.intents(&run.id).await.expect("intents").len(), 2);
+    assert_eq!(s.blob(&BlobHash::of(&blob)).await.expect("blob"), None);
+    assert!(
+        s.judgment(&judgment_id(1))
+            .await
+            .expect("judgment")
+            .is_none()
+    );
+    assert_eq!(s.run(&run.id).await.expect("read"), Some(before));
+
+    // The same commit under the new lease goes in; so does an unfenced one
+    // (an operator's write), whoever holds the run.
+    s.commit(Commit {
+        fence: Some(new.fence()),
+        ..stale.clone()
+    })
+    .await
+    .expect("the new holder commits");
+    s.commit(commit_of(&run.id, vec![event(3, "operator_note")]))
+        .await
+        .expect("unfenced");
+    assert_eq!(s.events(&run.id).await.expect("events").len(), 4);
+    // A fence on a released run: refused, naming no holder.
+    s.release_lease(&new).await.expect("release");
+    let err = s
+        .commit(fenced(&new, vec![event(4, "late")]))
+        .await
+        .expect_err("released");
+    assert!(
+        matches!(&err, StoreError::LeaseLost { holder: None, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no host holds it"), "{err}");
+    // The fence is checked before the episode: a stale writer hears that it
+    // lost the run, not that its sequence is off.
+    let err = s
+        .commit(fenced(&old, vec![event(0, "very stale")]))
+        .await
+        .expect_err("stale");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
+    let err = s
+        .commit(Commit {
+            fence: Some(old.fence()),
+            ..commit_of(&run_id(42), vec![])
+        })
+        .await
+        .expect_err("unknown run");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn claim_runnable_takes_the_oldest_runs_that_need_a_driver(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    // Created out of order: created_at decides, then the id.
+    for (n, at) in [
+        (1, 50),
+        (2, 10),
+        (3, 30),
+        (4, 30),
+        (5, 20),
+        (6, 40),
+        (7, 60),
+        (8, 5),
+    ] {
+        s.create_run(NewRun {
+            created_at: T0 + at,
+            ..new_run(n, v.version, &json!(n as u64))
+        })
+        .await
+        .expect("create");
+    }
+    s.commit(set_status(&run_id(1), RunStatus::Running))
+        .await
+        .expect("running");
+    s.commit(set_status(&run_id(2), RunStatus::WaitingJudgment))
+        .await
+        .expect("waiting");
+    s.commit(set_status(&run_id(5), RunStatus::Blocked))
+        .await
+        .expect("blocked");
+    s.commit(set_status(&run_id(8), RunStatus::Completed))
+        .await
+        .expect("completed");
+    s.commit(set_status(&run_id(7), RunStatus::Failed))
+        .await
+        .expect("failed");
+    let held = claim(s, &run_id(6), "host-9", T0).await.expect("held");
+    let expired = claim(s, &run_id(4), "host-9", T0 - TTL)
+        .await
+        .expect("held");
+
+    // Runnable, oldest first: 3 (30), 4 (30, expired lease), 1 (50, running).
+    let now = T0 + 1;
+    let got = s
+        .claim_runnable("host-1", now, TTL, 2)
+        .await
+        .expect("claim");
+    assert_eq!(
+        got.iter().map(|(r, _)| r.id.clone()).collect::<Vec<_>>(),
+        [run_id(3), run_id(4)]
+    );
+    for (r, l) in &got {
+        assert_eq!(
+            r.lease.as_ref(),
+            Some(l),
+            "the record carries its new lease"
+        );
+        assert_eq!((l.owner.as_str(), l.expires_at), ("host-1", now + TTL));
+        assert_eq!(lease_of(s, &r.id).await.as_ref(), Some(l));
+    }
+    assert_eq!(got[0].1.epoch, 1);
+    assert_eq!(got[1].1.epoch, expired.epoch + 1, "a takeover");
+    let rest = s
+        .claim_runnable("host-2", now, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        rest.iter().map(|(r, _)| r.id.clone()).collect::<Vec<_>>(),
+        [run_id(1)]
+    );
+    assert_eq!(rest[0].0.status, RunStatus::Running);
+    // Nothing left: waiting, blocked, terminal and live-leased runs stay.
+    assert!(
+        s.claim_runnable("host-3", now, TTL, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    assert!(
+        s.claim_runnable("host-3", now, TTL, 0)
+            .await
+            .expect("limit 0")
+            .is_empty()
+    );
+    assert_eq!(lease_of(s, &run_id(6)).await, Some(held));
+    for n in [2, 5, 7, 8] {
+        assert_eq!(lease_of(s, &run_id(n)).await, None, "run {n}");
+    }
+    // The holder's own live lease is not runnable either, but an expired one is.
+    assert!(
+        s.claim_runnable("host-9", now, TTL, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    let later = s
+        .claim_runnable("host-9", now + TTL, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        later.iter().map(|(r, _)| r.id.clone()).collect::<Vec<_>>(),
+        [run_id(3), run_id(4), run_id(6), run_id(1)]
+    );
+    // The operator's host takes a waiting run with claim_run.
+    assert!(claim(s, &run_id(2), "operator", now).await.is_some());
+}
+
+async fn concurrent_claim_runnable_callers_never_share_a_run(h: &Harness) {
+    const RUNS: u128 = 60;
+    let s = Arc::clone(&h.store);
+    let v = publish(&*s, "demo.flow", "a", None).await;
+    for n in 0..RUNS {
+        s.create_run(new_run(n, v.version, &json!(n as u64)))
+            .await
+            .expect("create");
+    }
+    let claimed = race_claim_runnable(vec![Arc::clone(&s), Arc::clone(&s), s], 4).await;
+    assert_eq!(claimed.len() as u128, RUNS, "every run claimed once");
+}
+
+/// Each store in `stores` runs a task claiming `batch` runs at a time until
+/// none is left. Asserts no run went to two tasks; returns every run claimed.
+async fn race_claim_runnable(stores: Vec<Arc<dyn Store>>, batch: u32) -> BTreeSet<RunId> {
+    let mut tasks = Vec::new();
+    for (k, s) in stores.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("host-{k}");
+            let mut mine = Vec::new();
+            loop {
+                let got = s
+                    .claim_runnable(&owner, T0, TTL, batch)
+                    .await
+                    .expect("claim");
+                if got.is_empty() {
+                    return mine;
+                }
+                for (r, l) in got {
+                    assert_eq!(l.owner, owner);
+                    assert_eq!(r.lease.as_ref(), Some(&l));
+                    mine.push(r.id);
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut all = BTreeSet::new();
+    let mut per_task = Vec::new();
+    for t in tasks {
+        let mine = t.await.expect("task");
+        per_task.push(mine.len());
+        for id in mine {
+            assert!(all.insert(id.clone()), "run {id} was claimed twice");
+        }
+    }
+    eprintln!("claims per caller: {per_task:?}");
+    all
 }
 
 async fn concurrent_commits_from_many_tasks(h: &Harness) {
@@ -1848,11 +2318,11 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
-    assert_eq!(SCHEMA_VERSION, 3, "this code writes schema 3");
+    assert_eq!(SCHEMA_VERSION, 4, "this code writes schema 4");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("poimen.db");
     populated_store(&path).await;
-    // The next schema (a v4 store written by a newer poimen), and one far ahead.
+    // The next schema (a v5 store written by a newer poimen), and one far ahead.
     for found in [SCHEMA_VERSION + 1, 99] {
         raw(&path)
             .execute_batch(&format!("PRAGMA user_version = {found};"))
@@ -1905,7 +2375,12 @@ async fn fixture_contents(s: &dyn Store) {
     .expect("v2");
     let parent = NewRun {
         idempotency_key: Some("fixture-key".into()),
-        owner: Some("host-a".into()),
+        // A lease of schema 1 had no expiry: migration 4 has it expire when
+        // it was claimed, at creation.
+        lease: Some(LeaseRequest {
+            owner: "host-a".into(),
+            ttl_ms: 0,
+        }),
         ..new_run(1, v1.version, &json!({"input": 1}))
     };
     s.create_run(parent).await.expect("run 1");
@@ -1917,6 +2392,7 @@ async fn fixture_contents(s: &dyn Store) {
     let out = b"{\"output\":2}".to_vec();
     s.commit(Commit {
         run: run_id(2),
+        fence: None,
         blobs: vec![out.clone()],
         events: vec![event(0, "run_started"), event(1, "run_completed")],
         intents: vec![
@@ -2099,16 +2575,17 @@ async fn upgrades_with_every_row_intact(path: &Path, from: u32) {
                     .collect();
                 assert_eq!(applied, want, "{table}");
             }
-            // Every old column as it was; the tenant, new, is `default`.
+            // Every old column as it was; the tenant, new, is `default`;
+            // the old lease of run 1 is epoch 1, expiring when it was
+            // claimed, and run 2, never claimed, has epoch 0 and no expiry.
             "runs" => {
+                use rusqlite::types::Value::{Integer, Null, Text};
                 assert_eq!(after[k].len(), before[k].len(), "{table}");
-                for (new, old) in after[k].iter().zip(&before[k]) {
+                let leases = [[Integer(1), Integer(T0 + 1)], [Integer(0), Null]];
+                for ((new, old), lease) in after[k].iter().zip(&before[k]).zip(&leases) {
                     assert_eq!(new[..old.len()], old[..], "{table}");
-                    assert_eq!(
-                        new[old.len()..],
-                        [rusqlite::types::Value::Text(DEFAULT_TENANT.into())],
-                        "{table}"
-                    );
+                    assert_eq!(new[old.len()], Text(DEFAULT_TENANT.into()), "{table}");
+                    assert_eq!(new[old.len() + 1..], lease[..], "{table}");
                 }
             }
             // Row for row, intents with their ids (the write order).
@@ -2230,7 +2707,7 @@ async fn a_v1_store_opens_and_reads_as_written() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_v2_store_upgrades_to_v3_with_every_row_intact() {
+async fn a_v2_store_upgrades_with_every_row_intact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("v2.db");
     old_store(&path, 2);
@@ -2561,6 +3038,26 @@ async fn sigkill_mid_commit_loses_nothing_returned() {
             .expect("integrity_check");
         assert_eq!(ok, "ok");
     }
+}
+
+/// Two stores on one file — two connections, as two processes would have —
+/// race `claim_runnable`: SQLite's write lock orders them, and no run goes
+/// to both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sqlite_stores_on_one_file_never_claim_the_same_run() {
+    const RUNS: u128 = 80;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("poimen.db");
+    let a: Arc<dyn Store> = Arc::new(sqlite_at(&path).await);
+    let b: Arc<dyn Store> = Arc::new(sqlite_at(&path).await);
+    let v = publish(&*a, "demo.flow", "a", None).await;
+    for n in 0..RUNS {
+        a.create_run(new_run(n, v.version, &json!(n as u64)))
+            .await
+            .expect("create");
+    }
+    let claimed = race_claim_runnable(vec![Arc::clone(&a), Arc::clone(&b), a, b], 3).await;
+    assert_eq!(claimed.len() as u128, RUNS, "every run claimed once");
 }
 
 // ------------------------------------------------------------------- misc

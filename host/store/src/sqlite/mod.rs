@@ -42,7 +42,7 @@ use self::schema::FileKind;
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, Durability, IntentRecord, JudgmentRecord, NewRun, NewVersion,
+    Commit, CreateRun, Durability, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion,
     PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
 };
 use crate::rules;
@@ -507,10 +507,46 @@ impl Store for SqliteStore {
         self.read(ops::open_judgments).await
     }
 
-    async fn claim_run(&self, run: &RunId, owner: &str, now: i64) -> StoreResult<bool> {
+    async fn claim_run(
+        &self,
+        run: &RunId,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<Lease>> {
         let (id, owner) = (run.clone(), owner.to_owned());
         self.write(Durability::Sync, move |tx, p| {
-            ops::claim_run(tx, p, &id, &owner, now)
+            ops::claim_run(tx, p, &id, &owner, now, ttl_ms)
+        })
+        .await
+    }
+
+    async fn claim_runnable(
+        &self,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<(RunRecord, Lease)>> {
+        let owner = owner.to_owned();
+        self.write(Durability::Sync, move |tx, p| {
+            ops::claim_runnable(tx, p, &owner, now, ttl_ms, limit)
+        })
+        .await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, now: i64, ttl_ms: i64) -> StoreResult<Lease> {
+        let lease = lease.clone();
+        self.write(Durability::Sync, move |tx, p| {
+            ops::renew_lease(tx, p, &lease, now, ttl_ms)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        let lease = lease.clone();
+        self.write(Durability::Sync, move |tx, p| {
+            ops::release_lease(tx, p, &lease)
         })
         .await
     }

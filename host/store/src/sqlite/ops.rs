@@ -19,8 +19,8 @@ use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
     Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
-    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
-    VersionRecord, WorkflowSummary,
+    Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
+    VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 
@@ -305,7 +305,7 @@ pub(crate) fn blob(c: &Connection, p: &Path, h: &BlobHash) -> Result<Option<Vec<
 
 const RUN_COLS: &str = "id, workflow_id, version, status, reason, input_hash, output_hash, \
                         idempotency_key, parent_run, parent_step, created_at, updated_at, owner, \
-                        tenant";
+                        tenant, lease_epoch, lease_expires_at";
 
 struct RawRun {
     id: String,
@@ -322,6 +322,8 @@ struct RawRun {
     updated_at: i64,
     owner: Option<String>,
     tenant: String,
+    lease_epoch: i64,
+    lease_expires_at: Option<i64>,
 }
 
 fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -340,7 +342,36 @@ fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
         updated_at: r.get(11)?,
         owner: r.get(12)?,
         tenant: r.get(13)?,
+        lease_epoch: r.get(14)?,
+        lease_expires_at: r.get(15)?,
     })
+}
+
+/// The lease of run `id` from its stored columns: none without an owner.
+fn to_lease(
+    p: &Path,
+    id: &RunId,
+    owner: Option<String>,
+    epoch: i64,
+    expires_at: Option<i64>,
+) -> Result<Option<Lease>> {
+    let Some(owner) = owner else {
+        return Ok(None);
+    };
+    let epoch = u64::try_from(epoch)
+        .ok()
+        .filter(|e| *e > 0)
+        .ok_or_else(|| bad_value(p, &format!("lease epoch of run {id}"), epoch))?;
+    let expires_at = expires_at.ok_or_else(|| StoreError::Corrupt {
+        path: p.to_owned(),
+        detail: format!("run {id} is held by `{owner}` but its lease has no expiry"),
+    })?;
+    Ok(Some(Lease {
+        run: id.clone(),
+        owner,
+        epoch,
+        expires_at,
+    }))
 }
 
 fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
@@ -348,8 +379,10 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
         (Some(run), Some(step)) => Some((parse(p, "parent run id", &run)?, StepId(step))),
         _ => None,
     };
+    let id: RunId = parse(p, "run id", &r.id)?;
+    let lease = to_lease(p, &id, r.owner, r.lease_epoch, r.lease_expires_at)?;
     Ok(RunRecord {
-        id: parse(p, "run id", &r.id)?,
+        id,
         workflow_id: WorkflowId(r.workflow_id),
         version: parse(p, "version", &r.version)?,
         tenant: r.tenant,
@@ -364,7 +397,7 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
         parent,
         created_at: r.created_at,
         updated_at: r.updated_at,
-        owner: r.owner,
+        lease,
     })
 }
 
@@ -413,12 +446,19 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         rules::check_parent_tenant(&new, &parent_tenant)?;
     }
     put_blob(c, p, &new.input)?;
+    let lease = new.lease.as_ref().map(|l| Lease {
+        run: new.id.clone(),
+        owner: l.owner.clone(),
+        epoch: 1,
+        expires_at: expiry(new.created_at, l.ttl_ms),
+    });
     c.prepare_cached(
         "INSERT INTO runs (id, workflow_id, version, status, input_hash, idempotency_key,
                            parent_run, parent_step, created_at, updated_at, owner, claimed_at,
-                           tenant)
+                           tenant, lease_epoch, lease_expires_at)
          VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?8, ?9,
-                 CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END, ?10)",
+                 CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END, ?10,
+                 CASE WHEN ?9 IS NULL THEN 0 ELSE 1 END, ?11)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -430,8 +470,9 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
             new.parent.as_ref().map(|(r, _)| r.as_str()),
             new.parent.as_ref().map(|(_, s)| s.as_str()),
             new.created_at,
-            new.owner,
+            lease.as_ref().map(|l| l.owner.as_str()),
             new.tenant,
+            lease.as_ref().map(|l| l.expires_at),
         ])
     })
     .at(p)?;
@@ -448,7 +489,7 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         parent: new.parent,
         created_at: new.created_at,
         updated_at: new.created_at,
-        owner: new.owner,
+        lease,
     }))
 }
 
@@ -492,27 +533,129 @@ pub(crate) fn runs_owned_by(c: &Connection, p: &Path, owner: &str) -> Result<Vec
     )
 }
 
+/// A run's status and lease, read inside the caller's transaction.
+fn run_lease(c: &Connection, p: &Path, run: &RunId) -> Result<(RunStatus, Option<Lease>)> {
+    let raw = c
+        .prepare_cached(
+            "SELECT status, owner, lease_epoch, lease_expires_at FROM runs WHERE id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([run.as_str()], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ))
+            })
+            .optional()
+        })
+        .at(p)?
+        .ok_or_else(|| StoreError::not_found(format!("run {run}")))?;
+    let (status, owner, epoch, expires_at) = raw;
+    let status = RunStatus::parse(&status).ok_or_else(|| bad_value(p, "run status", &status))?;
+    Ok((status, to_lease(p, run, owner, epoch, expires_at)?))
+}
+
+/// Starts a new tenure of `run` for `owner`: the next epoch, until `expires_at`.
+fn start_tenure(
+    c: &Connection,
+    p: &Path,
+    run: &RunId,
+    owner: &str,
+    now: i64,
+    expires_at: i64,
+) -> Result<Lease> {
+    let epoch: i64 = c
+        .prepare_cached(
+            "UPDATE runs SET owner = ?2, lease_epoch = lease_epoch + 1, lease_expires_at = ?3,
+                 claimed_at = ?4
+             WHERE id = ?1 RETURNING lease_epoch",
+        )
+        .and_then(|mut s| s.query_row(params![run.as_str(), owner, expires_at, now], |r| r.get(0)))
+        .at(p)?;
+    Ok(Lease {
+        run: run.clone(),
+        owner: owner.to_owned(),
+        epoch: u64::try_from(epoch).map_err(|_| bad_value(p, "lease epoch", epoch))?,
+        expires_at,
+    })
+}
+
 pub(crate) fn claim_run(
     c: &Connection,
     p: &Path,
     run: &RunId,
     owner: &str,
     now: i64,
-) -> Result<bool> {
-    let changed = c
-        .prepare_cached(&format!(
-            "UPDATE runs SET owner = ?2, claimed_at = ?3
-             WHERE id = ?1 AND {IN_FLIGHT} AND (owner IS NULL OR owner = ?2)"
-        ))
-        .and_then(|mut s| s.execute(params![run.as_str(), owner, now]))
+    ttl_ms: i64,
+) -> Result<Option<Lease>> {
+    let (status, current) = run_lease(c, p, run)?;
+    if !rules::may_claim(status, current.as_ref(), owner, now) {
+        return Ok(None);
+    }
+    start_tenure(c, p, run, owner, now, expiry(now, ttl_ms)).map(Some)
+}
+
+pub(crate) fn claim_runnable(
+    c: &Connection,
+    p: &Path,
+    owner: &str,
+    now: i64,
+    ttl_ms: i64,
+    limit: u32,
+) -> Result<Vec<(RunRecord, Lease)>> {
+    // Runnable as `rules::is_runnable` says. The partial index
+    // runs_runnable holds queued and running runs in this order, so the
+    // scan stops after `limit` matches; without statistics SQLite would
+    // pick runs_by_status and sort, hence INDEXED BY.
+    let sql = format!(
+        "SELECT {RUN_COLS} FROM runs INDEXED BY runs_runnable
+         WHERE status IN ('queued', 'running') AND (owner IS NULL OR lease_expires_at <= ?1)
+         ORDER BY created_at, id LIMIT ?2"
+    );
+    let candidates = collect(c, p, &sql, params![now, i64::from(limit)], raw_run, |r| {
+        to_run(p, r)
+    })?;
+    let expires_at = expiry(now, ttl_ms);
+    candidates
+        .into_iter()
+        .filter(|r| rules::is_runnable(r.status, r.lease.as_ref(), now))
+        .map(|mut r| {
+            let lease = start_tenure(c, p, &r.id, owner, now, expires_at)?;
+            r.lease = Some(lease.clone());
+            Ok((r, lease))
+        })
+        .collect()
+}
+
+pub(crate) fn renew_lease(
+    c: &Connection,
+    p: &Path,
+    lease: &Lease,
+    now: i64,
+    ttl_ms: i64,
+) -> Result<Lease> {
+    let (_, current) = run_lease(c, p, &lease.run)?;
+    rules::check_renewal(lease, current.as_ref())?;
+    let renewed = Lease {
+        expires_at: expiry(now, ttl_ms),
+        ..lease.clone()
+    };
+    c.prepare_cached("UPDATE runs SET lease_expires_at = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![lease.run.as_str(), renewed.expires_at]))
         .at(p)?;
-    if changed == 1 {
-        return Ok(true);
+    Ok(renewed)
+}
+
+pub(crate) fn release_lease(c: &Connection, p: &Path, lease: &Lease) -> Result<()> {
+    let (_, current) = run_lease(c, p, &lease.run)?;
+    if rules::holds(current.as_ref(), &lease.fence()) {
+        c.prepare_cached("UPDATE runs SET owner = NULL, lease_expires_at = NULL WHERE id = ?1")
+            .and_then(|mut s| s.execute([lease.run.as_str()]))
+            .at(p)?;
     }
-    if !exists(c, p, "SELECT 1 FROM runs WHERE id = ?1", [run.as_str()])? {
-        return Err(StoreError::not_found(format!("run {run}")));
-    }
-    Ok(false)
+    Ok(())
 }
 
 // ------------------------------------------------------------------ commit
@@ -546,16 +689,31 @@ fn last_phase(
 /// leaves the transaction to be rolled back.
 pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
     let run = &commit.run;
-    let (status, output) = c
-        .prepare_cached("SELECT status, output_hash FROM runs WHERE id = ?1")
+    let (status, output, owner, epoch, expires_at) = c
+        .prepare_cached(
+            "SELECT status, output_hash, owner, lease_epoch, lease_expires_at
+             FROM runs WHERE id = ?1",
+        )
         .and_then(|mut s| {
             s.query_row([run.as_str()], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, Option<i64>>(4)?,
+                ))
             })
             .optional()
         })
         .at(p)?
         .ok_or_else(|| StoreError::not_found(format!("run {run}")))?;
+    // The fence first, under the write lock: a host that lost the run hears
+    // that, not whatever its stale view of the episode would conflict with.
+    if commit.fence.is_some() {
+        let current = to_lease(p, run, owner, epoch, expires_at)?;
+        rules::check_fence(&commit, current.as_ref())?;
+    }
     let status = RunStatus::parse(&status).ok_or_else(|| bad_value(p, "run status", &status))?;
     let output: Option<BlobHash> = output.map(|h| parse(p, "output hash", &h)).transpose()?;
 

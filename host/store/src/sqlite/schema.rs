@@ -44,10 +44,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "runs: a tenant; intents: the phase `abandoned` (table rebuilt)",
         sql: include_str!("schema_v3.sql"),
     },
+    Migration {
+        version: 4,
+        name: "runs: leases with fencing (lease_epoch, lease_expires_at); index runs_runnable",
+        sql: include_str!("schema_v4.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 
@@ -287,7 +292,7 @@ mod tests {
         ];
         let before: Vec<_> = tables.iter().map(|(t, o)| rows(&conn, t, o)).collect();
         assert_eq!(
-            migrate(&mut conn, Path::new(":memory:"), MIGRATIONS).expect("v3"),
+            migrate(&mut conn, Path::new(":memory:"), &MIGRATIONS[..3]).expect("v3"),
             2
         );
         assert_eq!(version_of(&conn), 3);
@@ -388,10 +393,63 @@ mod tests {
             "intents_by_attempt",
             "intents_no_update",
             "intents_no_delete",
+            "runs_lease_epoch_grows",
+            "runs_runnable",
         ] {
             assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
         }
         assert!(!names.iter().any(|n| n == "intents_v3"), "{names:?}");
+    }
+
+    /// Migration 4 gives every run a lease epoch: a lease stored before
+    /// (no expiry, no epoch) becomes epoch 1 expiring when it was claimed;
+    /// an unclaimed run has epoch 0 and no expiry. Every other column stays.
+    #[test]
+    fn migration_four_gives_old_leases_an_epoch_and_an_expiry() {
+        use rusqlite::types::Value::{Integer, Null};
+        let mut conn = v2_store_with_rows();
+        migrate(&mut conn, Path::new(":memory:"), &MIGRATIONS[..3]).expect("v3");
+        let before = rows(&conn, "runs", "seq");
+        assert_eq!(
+            migrate(&mut conn, Path::new(":memory:"), MIGRATIONS).expect("v4"),
+            3
+        );
+        assert_eq!(version_of(&conn), 4);
+        let after = rows(&conn, "runs", "seq");
+        assert_eq!(after.len(), before.len());
+        for (new, old) in after.iter().zip(&before) {
+            assert_eq!(new[..old.len()], old[..], "every old column as it was");
+        }
+        // WFR-1 was owned by `host`, claimed at 11; WFR-2 was never claimed.
+        assert_eq!(after[0][before[0].len()..], [Integer(1), Integer(11)]);
+        assert_eq!(after[1][before[1].len()..], [Integer(0), Null]);
+
+        // The epoch never goes back, even under raw SQL; it may grow.
+        let err = conn
+            .execute("UPDATE runs SET lease_epoch = 0 WHERE id = 'WFR-1'", [])
+            .expect_err("lowered");
+        assert!(err.to_string().contains("never goes back"), "{err}");
+        conn.execute("UPDATE runs SET lease_epoch = 2 WHERE id = 'WFR-1'", [])
+            .expect("raised");
+        let err = conn
+            .execute("UPDATE runs SET lease_epoch = -1 WHERE id = 'WFR-2'", [])
+            .expect_err("negative");
+        assert!(err.to_string().contains("poimen:"), "{err}");
+
+        // claim_runnable's scan goes through runs_runnable.
+        let plan: Vec<String> = conn
+            .prepare(
+                "EXPLAIN QUERY PLAN SELECT id FROM runs INDEXED BY runs_runnable
+                 WHERE status IN ('queued', 'running') AND (owner IS NULL OR lease_expires_at <= 5)
+                 ORDER BY created_at, id LIMIT 10",
+            )
+            .expect("prepare")
+            .query_map([], |r| r.get::<_, String>(3))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(plan.iter().any(|l| l.contains("runs_runnable")), "{plan:?}");
+        assert!(!plan.iter().any(|l| l.contains("TEMP B-TREE")), "{plan:?}");
     }
 
     const V2: Migration = Migration {
