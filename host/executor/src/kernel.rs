@@ -16,17 +16,38 @@ use crate::scope::RunScope;
 /// rejects deeper graphs at load; this is the interpreter's own guard.
 pub const MAX_SUBWORKFLOW_DEPTH: u32 = 8;
 
+/// How long a lease lasts unless renewed (30 s): another host may take a
+/// run over this long after its driver stopped renewing.
+pub const DEFAULT_LEASE_TTL_MS: i64 = 30_000;
+
 /// Configuration of an executor.
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {
-    /// This host's id (recorded as run owner).
+    /// This host's id: the owner named in the leases of the runs it drives.
+    /// Hosts sharing a store need distinct ids; processes under one id
+    /// fence each other out (the newest claim wins, the older driver stops
+    /// at its next write).
     pub host_id: String,
+    /// How long a lease lasts from its last renewal, in milliseconds. A
+    /// driving host renews every third of it.
+    pub lease_ttl_ms: i64,
+}
+
+impl ExecutorConfig {
+    /// The defaults, for the host named `id`.
+    pub fn host(id: impl Into<String>) -> ExecutorConfig {
+        ExecutorConfig {
+            host_id: id.into(),
+            ..ExecutorConfig::default()
+        }
+    }
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
         ExecutorConfig {
             host_id: "local".to_owned(),
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
         }
     }
 }

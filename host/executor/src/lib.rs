@@ -21,6 +21,7 @@ mod engine;
 pub mod episode;
 pub mod hash;
 mod kernel;
+mod lease;
 pub mod model;
 pub mod render;
 mod run;
@@ -37,14 +38,14 @@ pub use effects::{
     VerifierResult,
 };
 pub use engine::{
-    Executor, JudgmentError, JudgmentSubmission, Operation, OperatorError, RunError, StartError,
-    StartOptions,
+    Executor, JudgmentError, JudgmentSubmission, Operation, OperatorError, RunError, ServeOptions,
+    ServeReport, StartError, StartOptions,
 };
 pub use episode::{
     Episode, EpisodeEvent, Receipt, Reconciliation, StepStatus, VOLATILE_FIELDS, canonical_order,
     normalize, structure,
 };
-pub use kernel::{ExecutorConfig, MAX_SUBWORKFLOW_DEPTH};
+pub use kernel::{DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH};
 pub use run::{Inconsistency, RunOutcome, Started, judgment_id};
 pub use runnable::{Runnable, WorkflowLoader};
 pub use schema::Violations;

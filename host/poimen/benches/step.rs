@@ -87,7 +87,7 @@ async fn setup(dir: &std::path::Path) -> Bench {
         sandbox,
         Arc::new(ScriptedProvider::new(vec![])),
         Arc::new(SystemClock),
-        "local",
+        poimen_executor::ExecutorConfig::host("local"),
     );
     Bench {
         exec: wiring.executor.clone(),

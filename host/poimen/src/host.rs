@@ -143,6 +143,7 @@ pub struct HostBuilder {
     cache_dir: Option<PathBuf>,
     model: ModelChoice,
     host_id: String,
+    lease_ttl: std::time::Duration,
 }
 
 impl Default for HostBuilder {
@@ -155,6 +156,9 @@ impl Default for HostBuilder {
             cache_dir: None,
             model: ModelChoice::None,
             host_id: "local".to_owned(),
+            lease_ttl: std::time::Duration::from_millis(
+                poimen_executor::DEFAULT_LEASE_TTL_MS as u64,
+            ),
         }
     }
 }
@@ -203,9 +207,17 @@ impl HostBuilder {
         self
     }
 
-    /// This host's id, recorded as the owner of the runs it drives.
+    /// This host's id: the owner named in the leases of the runs it drives
+    /// (default `local`). Hosts serving one store need distinct ids.
     pub fn host_id(mut self, id: impl Into<String>) -> Self {
         self.host_id = id.into();
+        self
+    }
+
+    /// How long a run's lease lasts unrenewed (default 30 s): another host
+    /// takes a run over this long after its driver stopped.
+    pub fn lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.lease_ttl = ttl;
         self
     }
 
@@ -252,7 +264,12 @@ impl HostBuilder {
             sandbox,
             models.clone(),
             Arc::new(SystemClock),
-            self.host_id.clone(),
+            poimen_executor::ExecutorConfig {
+                host_id: self.host_id.clone(),
+                lease_ttl_ms: i64::try_from(self.lease_ttl.as_millis())
+                    .unwrap_or(i64::MAX)
+                    .max(1),
+            },
         );
         Ok(Host {
             inner: Arc::new(Inner { wiring, models }),

@@ -540,7 +540,7 @@ async fn one_run(
         tools.clone(),
         replay.clone(),
         Arc::new(SystemClock),
-        "shadow",
+        poimen_executor::ExecutorConfig::host("shadow"),
     );
     let exec = &wiring.executor;
     let runnable = wiring.loader.runnable(candidate.clone());

@@ -29,10 +29,10 @@ impl Wiring {
         sandbox: PluginHost,
         models: Arc<dyn ModelProvider>,
         clock: Arc<dyn Clock>,
-        host_id: impl Into<String>,
+        config: ExecutorConfig,
     ) -> Wiring {
         let tools = Arc::new(SandboxTools::new(sandbox.clone()));
-        Wiring::with_tools(store, sandbox, tools, models, clock, host_id)
+        Wiring::with_tools(store, sandbox, tools, models, clock, config)
     }
 
     /// Wires an executor whose tools are reached through `tools` (a layer
@@ -43,7 +43,7 @@ impl Wiring {
         tools: Arc<dyn ToolHost>,
         models: Arc<dyn ModelProvider>,
         clock: Arc<dyn Clock>,
-        host_id: impl Into<String>,
+        config: ExecutorConfig,
     ) -> Wiring {
         let loader = Arc::new(StoreLoader::new(store.clone(), sandbox.clone()));
         let executor = Executor::new(
@@ -52,9 +52,7 @@ impl Wiring {
             models,
             clock,
             loader.clone(),
-            ExecutorConfig {
-                host_id: host_id.into(),
-            },
+            config,
         );
         Wiring {
             store,

@@ -88,7 +88,7 @@ async fn harness_on(
         sandbox.clone(),
         models,
         Arc::new(SystemClock),
-        "local",
+        poimen_executor::ExecutorConfig::host("local"),
     );
     Harness {
         _dir: dir,
@@ -1681,8 +1681,29 @@ impl Store for Noting {
         run: &poimen_store::RunId,
         owner: &str,
         now: i64,
-    ) -> poimen_store::StoreResult<bool> {
-        self.inner.claim_run(run, owner, now).await
+        ttl_ms: i64,
+    ) -> poimen_store::StoreResult<Option<poimen_store::Lease>> {
+        self.inner.claim_run(run, owner, now, ttl_ms).await
+    }
+    async fn claim_runnable(
+        &self,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> poimen_store::StoreResult<Vec<(poimen_store::RunRecord, poimen_store::Lease)>> {
+        self.inner.claim_runnable(owner, now, ttl_ms, limit).await
+    }
+    async fn renew_lease(
+        &self,
+        lease: &poimen_store::Lease,
+        now: i64,
+        ttl_ms: i64,
+    ) -> poimen_store::StoreResult<poimen_store::Lease> {
+        self.inner.renew_lease(lease, now, ttl_ms).await
+    }
+    async fn release_lease(&self, lease: &poimen_store::Lease) -> poimen_store::StoreResult<()> {
+        self.inner.release_lease(lease).await
     }
     async fn runs_owned_by(
         &self,

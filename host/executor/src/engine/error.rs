@@ -108,6 +108,12 @@ pub enum RunError {
     Undecodable(#[from] EpisodeError),
     #[error("run {run}'s episode does not fold: {cause}")]
     Fold { run: RunId, cause: FoldError },
+    /// Another host drives the run (it holds a live lease on it).
+    #[error("{}", crate::run::held_message(.run, .holder))]
+    Held {
+        run: RunId,
+        holder: Option<poimen_store::Lease>,
+    },
 }
 
 impl From<LoadError> for RunError {
@@ -116,6 +122,7 @@ impl From<LoadError> for RunError {
             LoadError::Store(e) => RunError::Store(e),
             LoadError::Undecodable(e) => RunError::Undecodable(e),
             LoadError::Fold { run, cause } => RunError::Fold { run, cause },
+            LoadError::Held { run, holder } => RunError::Held { run, holder },
         }
     }
 }

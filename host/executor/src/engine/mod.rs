@@ -13,15 +13,17 @@ mod admission;
 mod error;
 mod judgment;
 mod operator;
+mod serve;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use poimen_store::{IntentRecord, RunId, RunRecord, RunStatus, Store};
+use poimen_store::{IntentRecord, Lease, RunId, RunRecord, RunStatus, Store};
 use serde_json::Value;
 
 pub use error::{JudgmentError, Operation, OperatorError, RunError, StartError};
 pub use judgment::JudgmentSubmission;
+pub use serve::{ServeOptions, ServeReport};
 
 use crate::effects::{Clock, ModelProvider, ToolHost};
 use crate::episode::Episode;
@@ -86,17 +88,44 @@ impl Executor {
         input: Value,
         opts: StartOptions,
     ) -> Result<RunOutcome, RunError> {
-        let started = self.start(runnable, input, opts).await?;
-        self.resume(&started.run).await
+        let started = self.create(runnable, input, opts, true).await?;
+        match started.lease {
+            // Created here: drive it under the lease it was created with.
+            Some(lease) => self.drive_root(&started.run, Some(lease)).await,
+            None => self.resume(&started.run).await,
+        }
     }
 
-    /// Creates a run (without driving it). With an idempotency key that
-    /// already names a run of the same version and input, returns that run.
+    /// Creates a run held by this host, without driving it (`resume`
+    /// drives it). With an idempotency key that already names a run of the
+    /// same version and input, returns that run.
     pub async fn start(
         &self,
         runnable: Arc<Runnable>,
         input: Value,
         opts: StartOptions,
+    ) -> Result<Started, StartError> {
+        self.create(runnable, input, opts, true).await
+    }
+
+    /// Enqueues a run: it is created `queued`, held by no host, and any host
+    /// serving the store ([`Executor::serve_once`]) claims and drives it.
+    /// Idempotency keys work as for [`Executor::start`].
+    pub async fn enqueue(
+        &self,
+        runnable: Arc<Runnable>,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<Started, StartError> {
+        self.create(runnable, input, opts, false).await
+    }
+
+    async fn create(
+        &self,
+        runnable: Arc<Runnable>,
+        input: Value,
+        opts: StartOptions,
+        hold: bool,
     ) -> Result<Started, StartError> {
         let _admitted = self
             .admit(&runnable, &input, opts.idempotency_key.as_deref())
@@ -115,6 +144,7 @@ impl Executor {
             id: None,
             pins: None,
             tenant: opts.tenant,
+            hold,
         };
         Ok(run::create(&self.kernel, store, spec).await?)
     }
@@ -156,7 +186,7 @@ impl Executor {
     /// run is driven through its top-level ancestor.
     pub async fn resume(&self, run: &RunId) -> Result<RunOutcome, RunError> {
         let root = self.root_of(run).await?;
-        let outcome = self.drive_root(&root).await?;
+        let outcome = self.drive_root(&root, None).await?;
         if &root == run {
             return Ok(outcome);
         }
@@ -205,21 +235,32 @@ impl Executor {
         RunScope::root(TenantId(rec.tenant.clone()), rec.id.to_string())
     }
 
-    /// A driving context over a top-level run's stored state.
-    async fn load(&self, run: &RunId) -> Result<Arc<run::RunCtx>, RunError> {
+    /// A driving context over a top-level run's stored state, under `lease`
+    /// or one claimed now.
+    async fn load(&self, run: &RunId, lease: Option<Lease>) -> Result<Arc<run::RunCtx>, RunError> {
         let (store, rec) = self.locate(run).await?;
         let runnable = self.runnable_of(&rec).await?;
         let scope = Self::root_scope(&rec);
-        Ok(run::load(&self.kernel, store, run, runnable, scope, 0).await?)
+        Ok(run::load(&self.kernel, store, run, runnable, scope, 0, lease).await?)
     }
 
-    /// Drives a top-level run.
-    async fn drive_root(&self, run: &RunId) -> Result<RunOutcome, RunError> {
+    /// Drives a top-level run (claiming it unless `lease` is this host's
+    /// lease on it). A queued run becomes running once claimed.
+    async fn drive_root(&self, run: &RunId, lease: Option<Lease>) -> Result<RunOutcome, RunError> {
         let (_, rec) = self.locate(run).await?;
-        if rec.status != RunStatus::Running {
+        if !matches!(rec.status, RunStatus::Running | RunStatus::Queued) {
             return self.recorded_outcome(run).await;
         }
-        let ctx = self.load(run).await?;
+        let ctx = self.load(run, lease).await?;
+        if rec.status == RunStatus::Queued {
+            ctx.claimed_from_queue().await.map_err(|e| match e {
+                run::CommitError::Store(e) => RunError::Store(e),
+                run::CommitError::Fold(cause) => RunError::Fold {
+                    run: run.clone(),
+                    cause,
+                },
+            })?;
+        }
         Ok(ctx.drive_registered().await)
     }
 }

@@ -28,7 +28,8 @@ impl Executor {
         let first = state.last_seq.map_or(0, |s| s + 1);
         let mut batch = batch;
         let events = std::mem::take(&mut batch.events);
-        let (commit, _) = run::store_commit(run, first, self.kernel.clock.now_ms(), events, batch);
+        let (commit, _) =
+            run::store_commit(run, None, first, self.kernel.clock.now_ms(), events, batch);
         store.commit(commit).await
     }
 
@@ -326,13 +327,24 @@ impl Executor {
         Ok(())
     }
 
-    /// Finds the runs this host left in flight and drives them again.
+    /// Finds the runs left in flight and drives them again: each is claimed
+    /// first, so a run another live host holds is left to it (its outcome
+    /// is reported as recorded, with the holder as its reason).
     pub async fn recover(&self) -> Result<Vec<RunOutcome>, RunError> {
         let runs = self.kernel.store.in_flight_runs().await?;
         let mut out = Vec::new();
         for r in runs {
             if r.status == RunStatus::Running && r.parent.is_none() {
-                out.push(self.resume(&r.id).await?);
+                match self.resume(&r.id).await {
+                    Ok(o) => out.push(o),
+                    // Another live host drives it: leave it to that host.
+                    Err(held @ RunError::Held { .. }) => {
+                        let mut o = self.recorded_outcome(&r.id).await?;
+                        o.reason = Some(held.to_string());
+                        out.push(o);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(out)

@@ -29,8 +29,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use poimen_store::{
-    BlobHash, Commit, Durability, IntentPhase, IntentRecord, JudgmentWrite, RunId, RunStatus,
-    RunUpdate, Store, StoreError,
+    BlobHash, Commit, Durability, Fence, IntentPhase, IntentRecord, JudgmentWrite, RunId,
+    RunStatus, RunUpdate, Store, StoreError,
 };
 use poimen_workflow::StepId;
 use serde_json::Value;
@@ -39,12 +39,15 @@ use crate::crash::crash_point;
 use crate::effects::Failure;
 use crate::episode::{EpisodeEvent, Recorded};
 use crate::kernel::Kernel;
+use crate::lease::Tenure;
 use crate::runnable::Runnable;
 use crate::scope::{RunScope, Stop};
 use crate::state::{FoldError, RunState};
 
 pub use start::Started;
-pub(crate) use start::{CreateError, LoadError, NewRunSpec, create, episode, load, state};
+pub(crate) use start::{
+    CreateError, LoadError, NewRunSpec, create, episode, held_message, load, state,
+};
 pub use steps::judgment_id;
 
 /// How a step execution or one of its attempts ended.
@@ -322,6 +325,7 @@ impl Batch {
 /// Builds the store commit of `batch` as events `first..` recorded `at`.
 pub(crate) fn store_commit(
     run: &RunId,
+    fence: Option<Fence>,
     first: u64,
     at: i64,
     events: Vec<EpisodeEvent>,
@@ -338,6 +342,7 @@ pub(crate) fn store_commit(
         .collect();
     let commit = Commit {
         run: run.clone(),
+        fence,
         blobs: batch.blobs,
         events: recorded.iter().map(Recorded::to_new_event).collect(),
         intents: batch.intents,
@@ -362,6 +367,9 @@ pub(crate) struct RunCtx {
     pub scope: RunScope,
     /// Sub-workflow nesting depth of this run (0 for a top-level run).
     pub depth: u32,
+    /// The lease this host drives the run under; every commit carries its
+    /// fence (see `lease.rs`).
+    pub tenure: Arc<Tenure>,
     state: tokio::sync::Mutex<RunState>,
     /// Intent phases recorded per (step, iteration, attempt).
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
@@ -410,6 +418,7 @@ pub(crate) struct Driving {
     pub runnable: Arc<Runnable>,
     pub scope: RunScope,
     pub depth: u32,
+    pub tenure: Arc<Tenure>,
 }
 
 impl RunCtx {
@@ -429,6 +438,7 @@ impl RunCtx {
             runnable: at.runnable,
             scope: at.scope,
             depth: at.depth,
+            tenure: at.tenure,
             state: tokio::sync::Mutex::new(state),
             intents: std::sync::Mutex::new(phases),
             deferred: std::sync::Mutex::new(Deferred::default()),
@@ -503,7 +513,8 @@ impl RunCtx {
             batch.durability = Durability::Sync;
         }
         batch.intents = intents.clone();
-        let (commit, recorded) = store_commit(&self.run, first, at, events, batch);
+        let fence = Some(self.tenure.fence());
+        let (commit, recorded) = store_commit(&self.run, fence, first, at, events, batch);
         self.store.commit(commit).await?;
         for r in &recorded {
             state.apply(r)?;

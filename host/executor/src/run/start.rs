@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use poimen_store::{CreateRun, IntentRecord, NewRun, RunId, RunStatus, Store, StoreError};
+use poimen_store::{
+    CreateRun, IntentRecord, Lease, LeaseRequest, NewRun, RunId, RunStatus, Store, StoreError,
+};
 use poimen_workflow::WorkflowId;
 use serde_json::Value;
 
@@ -14,6 +16,7 @@ use crate::effects::Failure;
 use crate::episode::{Episode, EpisodeError, EpisodeEvent, ParentLink, Pins};
 use crate::hash::canonical_json;
 use crate::kernel::Kernel;
+use crate::lease::Tenure;
 use crate::runnable::Runnable;
 use crate::scope::{RunScope, TenantId};
 use crate::state::{FoldError, RunState, refold};
@@ -24,6 +27,9 @@ pub struct Started {
     pub run: RunId,
     /// True when the idempotency key named an existing run.
     pub existing: bool,
+    /// The lease this host holds on the new run (`None` for a queued run,
+    /// which any host may claim, and for an existing one).
+    pub lease: Option<Lease>,
 }
 
 /// Why a run could not be created.
@@ -63,6 +69,19 @@ pub enum LoadError {
     Undecodable(#[from] EpisodeError),
     #[error("run {run}'s episode does not fold: {cause}")]
     Fold { run: RunId, cause: FoldError },
+    #[error("{}", held_message(.run, .holder))]
+    Held { run: RunId, holder: Option<Lease> },
+}
+
+pub(crate) fn held_message(run: &RunId, holder: &Option<Lease>) -> String {
+    match holder {
+        Some(h) => format!(
+            "run {run} is being driven by host `{}` (lease epoch {}, until {} ms since the epoch); \
+             another host takes it over only once that lease expires unrenewed — try again after it",
+            h.owner, h.epoch, h.expires_at
+        ),
+        None => format!("run {run} could not be claimed; try again"),
+    }
 }
 
 /// What a new run is.
@@ -79,6 +98,9 @@ pub(crate) struct NewRunSpec {
     pub pins: Option<Pins>,
     /// A child run's is its parent's.
     pub tenant: TenantId,
+    /// Whether this host takes the new run's lease to drive it now; if not,
+    /// the run is left `queued` for any host to claim.
+    pub hold: bool,
 }
 
 /// Creates a run in `store` and records its start: the input is checked
@@ -100,6 +122,7 @@ pub(crate) async fn create(
         id,
         pins,
         tenant,
+        hold,
     } = spec;
     let def = &runnable.def;
     if let Some(schema) = &runnable.schemas.inputs {
@@ -140,7 +163,10 @@ pub(crate) async fn create(
             tenant: tenant.0.clone(),
             idempotency_key,
             parent: parent.as_ref().map(|p| (p.run.clone(), p.step.clone())),
-            owner: Some(kernel.config.host_id.clone()),
+            lease: hold.then(|| LeaseRequest {
+                owner: kernel.config.host_id.clone(),
+                ttl_ms: kernel.config.lease_ttl_ms,
+            }),
             created_at: now,
         })
         .await?;
@@ -152,8 +178,60 @@ pub(crate) async fn create(
         return Ok(Started {
             run: rec.id,
             existing: true,
+            lease: None,
         });
     }
+    let started = EpisodeEvent::RunStarted {
+        workflow_id: def.id.clone(),
+        version: runnable.version,
+        input,
+        input_hash: input_hash.to_string(),
+        parent,
+        tools: pins.tools,
+        verifiers: pins.verifiers,
+        subworkflows: pins.subworkflows,
+    };
+    if !hold {
+        // Queued: the start is recorded (pins and all) but the run stays
+        // `queued`, held by no one, until a host claims it.
+        let (commit, _) = super::store_commit(
+            &rec.id,
+            None,
+            0,
+            now,
+            vec![started],
+            Batch::events(Vec::new()).durability(poimen_store::Durability::Sync),
+        );
+        store.commit(commit).await?;
+        return Ok(Started {
+            run: rec.id,
+            existing,
+            lease: None,
+        });
+    }
+    // A run created here is held from its creation; one that existed
+    // without a start (its creator stopped in between) is claimed.
+    let lease = match rec.lease.clone().filter(|_| !existing) {
+        Some(l) => l,
+        None => match store
+            .claim_run(
+                &rec.id,
+                &kernel.config.host_id,
+                now,
+                kernel.config.lease_ttl_ms,
+            )
+            .await?
+        {
+            Some(l) => l,
+            None => {
+                return Ok(Started {
+                    run: rec.id,
+                    existing: true,
+                    lease: None,
+                });
+            }
+        },
+    };
     let ctx = RunCtx::new(
         Driving {
             kernel: kernel.clone(),
@@ -162,27 +240,20 @@ pub(crate) async fn create(
             runnable: runnable.clone(),
             scope: RunScope::root(tenant, rec.id.to_string()),
             depth: 0,
+            tenure: Tenure::new(lease.clone()),
         },
         RunState::default(),
         &[],
     );
     ctx.commit(Batch::status(
-        vec![EpisodeEvent::RunStarted {
-            workflow_id: def.id.clone(),
-            version: runnable.version,
-            input,
-            input_hash: input_hash.to_string(),
-            parent,
-            tools: pins.tools,
-            verifiers: pins.verifiers,
-            subworkflows: pins.subworkflows,
-        }],
+        vec![started],
         StatusChange::to(RunStatus::Running),
     ))
     .await?;
     Ok(Started {
         run: rec.id,
         existing,
+        lease: Some(lease),
     })
 }
 
@@ -201,7 +272,9 @@ pub(crate) async fn state(store: &dyn Store, run: &RunId) -> Result<RunState, Lo
 }
 
 /// Loads a stored run (its refolded state and its intents) into a driving
-/// context.
+/// context, under `lease` if this host already holds the run, else under a
+/// lease claimed now ([`LoadError::Held`] if another host holds it). A
+/// terminal run is loaded without claiming it: nothing more is written to it.
 pub(crate) async fn load(
     kernel: &Arc<Kernel>,
     store: Arc<dyn Store>,
@@ -209,7 +282,12 @@ pub(crate) async fn load(
     runnable: Arc<Runnable>,
     scope: RunScope,
     depth: u32,
+    lease: Option<Lease>,
 ) -> Result<Arc<RunCtx>, LoadError> {
+    let lease = match lease {
+        Some(l) => l,
+        None => claim(kernel, &*store, run).await?,
+    };
     let state = state(&*store, run).await?;
     let intents: Vec<IntentRecord> = store.intents(run).await?;
     Ok(RunCtx::new(
@@ -220,10 +298,40 @@ pub(crate) async fn load(
             runnable,
             scope,
             depth,
+            tenure: Tenure::new(lease),
         },
         state,
         &intents,
     ))
+}
+
+/// Claims a run for this host to drive it.
+async fn claim(kernel: &Kernel, store: &dyn Store, run: &RunId) -> Result<Lease, LoadError> {
+    let now = kernel.clock.now_ms();
+    let host = &kernel.config.host_id;
+    if let Some(lease) = store
+        .claim_run(run, host, now, kernel.config.lease_ttl_ms)
+        .await?
+    {
+        return Ok(lease);
+    }
+    let rec = store.run(run).await?;
+    match rec {
+        // Terminal: nothing will be written; a fence nobody holds.
+        Some(r) if r.status.is_terminal() => Ok(Lease {
+            run: run.clone(),
+            owner: host.clone(),
+            epoch: 0,
+            expires_at: now,
+        }),
+        Some(r) => Err(LoadError::Held {
+            run: run.clone(),
+            holder: r.lease,
+        }),
+        None => Err(LoadError::Store(StoreError::NotFound {
+            what: format!("run {run}"),
+        })),
+    }
 }
 
 impl RunCtx {
@@ -232,9 +340,20 @@ impl RunCtx {
     pub(crate) async fn drive_registered(self: Arc<Self>) -> RunOutcome {
         let kernel = self.kernel.clone();
         kernel.register(&self.run, self.scope.clone());
+        let holding = self.tenure.hold(&kernel, self.store.clone());
         let outcome = self.clone().resume_and_drive().await;
+        holding.release().await;
         kernel.unregister(&self.run);
         outcome
+    }
+
+    /// Marks a run claimed from the queue as running (under its lease).
+    pub(crate) async fn claimed_from_queue(&self) -> Result<(), CommitError> {
+        self.commit(Batch::status(
+            Vec::new(),
+            StatusChange::to(RunStatus::Running),
+        ))
+        .await
     }
 
     async fn resume_and_drive(self: Arc<Self>) -> RunOutcome {

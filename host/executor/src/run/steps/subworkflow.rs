@@ -32,12 +32,12 @@ impl RunCtx {
         let snap = self.snapshot().await;
         let st = snap.steps.get(&def.id);
         let link = st.and_then(|st| st.child.clone());
-        let (child_run, version) = match link {
+        let (child_run, version, lease) = match link {
             Some(l) => {
                 if let Some((status, output)) = &l.finished {
                     return Ok(child_result(&l.run, *status, output.clone()).into());
                 }
-                (l.run, l.version)
+                (l.run, l.version, None)
             }
             None => {
                 // The child pinned at this run's start; a run recorded
@@ -105,11 +105,13 @@ impl RunCtx {
                     id: Some(child_id),
                     pins: pinned.map(|p| p.pins),
                     tenant: self.scope.tenant.clone(),
+                    hold: true,
                 };
                 let child = match self.create_child(spec).await {
                     Ok(c) => c,
                     Err(failure) => return Ok(StepEnd::Failed(failure)),
                 };
+                let (child, child_lease) = (child.run, child.lease);
                 crash_point("after_child_created");
                 self.commit(
                     Batch::events(vec![EpisodeEvent::ChildRunLinked {
@@ -121,11 +123,16 @@ impl RunCtx {
                     .durability(poimen_store::Durability::Sync),
                 )
                 .await?;
-                (child, version)
+                (child, version, child_lease)
             }
         };
         let outcome = match self
-            .drive_child(&child_run, version, scope.child_run(child_run.to_string()))
+            .drive_child(
+                &child_run,
+                version,
+                scope.child_run(child_run.to_string()),
+                lease,
+            )
             .await
         {
             Ok(o) => o,
@@ -179,7 +186,7 @@ impl RunCtx {
     }
 
     /// Creates the child run of a sub-workflow step, in the parent's store.
-    async fn create_child(&self, spec: NewRunSpec) -> Result<RunId, Failure> {
+    async fn create_child(&self, spec: NewRunSpec) -> Result<crate::run::Started, Failure> {
         if self.depth + 1 > MAX_SUBWORKFLOW_DEPTH {
             return Err(Failure::new(
                 FailureClass::InvalidInput,
@@ -189,7 +196,7 @@ impl RunCtx {
             ));
         }
         match create(&self.kernel, self.store.clone(), spec).await {
-            Ok(s) => Ok(s.run),
+            Ok(s) => Ok(s),
             Err(CreateError::InvalidInput {
                 workflow,
                 violations,
@@ -207,6 +214,7 @@ impl RunCtx {
         child: &RunId,
         version: poimen_workflow::WorkflowVersion,
         scope: RunScope,
+        lease: Option<poimen_store::Lease>,
     ) -> Result<RunOutcome, Failure> {
         let runnable = self.kernel.loader.load(&version).await?;
         let ctx = load(
@@ -216,6 +224,7 @@ impl RunCtx {
             runnable,
             scope,
             self.depth + 1,
+            lease,
         )
         .await
         .map_err(|e| Failure::new(FailureClass::Unavailable, e.to_string()))?;

@@ -1,0 +1,182 @@
+//! Serving a store: a long-lived host claims the runs that need a driver —
+//! queued runs and runs whose lease expired because their host stopped —
+//! drives each under its lease, and on shutdown stops claiming, lets what it
+//! holds finish within a grace period, and hands back the rest.
+//!
+//! Several hosts may serve one store: the store hands each claimable run to
+//! one of them (`Store::claim_runnable`), and fencing stops a host that lost
+//! a run from writing to it (see `lease.rs`). Child runs are not driven on
+//! their own: their root's driver drives them, so a claimed child is handed
+//! back at once and its root is claimed instead.
+
+use std::future::Future;
+use std::time::Duration;
+
+use poimen_store::{Lease, RunId, RunRecord};
+use tokio::task::JoinSet;
+
+use super::{Executor, RunError};
+use crate::run::RunOutcome;
+
+/// How a host serves its store.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Runs driven at once (at least 1).
+    pub workers: usize,
+    /// How often the store is asked for claimable runs when nothing woke
+    /// the host earlier.
+    pub poll: Duration,
+    /// On shutdown, how long the runs being driven may take to finish
+    /// before they are stopped and their leases handed back.
+    pub grace: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            workers: 8,
+            poll: Duration::from_millis(100),
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a serving host did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServeReport {
+    /// Runs claimed and driven (each once per claim).
+    pub driven: u64,
+    /// Runs still being driven when the grace period ended, stopped and
+    /// handed back (their leases released).
+    pub handed_back: Vec<RunId>,
+}
+
+impl Executor {
+    /// Claims up to `limit` runs that need a driver, for this host. Child
+    /// runs are handed back (their root's driver drives them).
+    pub async fn claim_runnable(&self, limit: u32) -> Result<Vec<(RunRecord, Lease)>, RunError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let k = &self.kernel;
+        let claimed = k
+            .store
+            .claim_runnable(
+                &k.config.host_id,
+                k.clock.now_ms(),
+                k.config.lease_ttl_ms,
+                limit,
+            )
+            .await?;
+        let mut roots = Vec::with_capacity(claimed.len());
+        for (rec, lease) in claimed {
+            if rec.parent.is_some() {
+                k.store.release_lease(&lease).await?;
+                if let Ok(root) = self.root_of(&rec.id).await
+                    && let Some(l) = k
+                        .store
+                        .claim_run(
+                            &root,
+                            &k.config.host_id,
+                            k.clock.now_ms(),
+                            k.config.lease_ttl_ms,
+                        )
+                        .await?
+                    && let Some((_, r)) = k.locate(&root).await?
+                {
+                    roots.push((r, l));
+                }
+            } else {
+                roots.push((rec, lease));
+            }
+        }
+        Ok(roots)
+    }
+
+    /// Drives a run this host claimed, under its lease.
+    pub async fn drive_claimed(&self, run: &RunId, lease: Lease) -> Result<RunOutcome, RunError> {
+        self.drive_root(run, Some(lease)).await
+    }
+
+    /// Serves the store until `shutdown` resolves: claims runs while fewer
+    /// than `workers` are being driven, drives each on its own task, and on
+    /// shutdown stops claiming, waits up to `grace` for the runs it drives,
+    /// then stops the rest and releases their leases (their episodes end
+    /// at their last commit; the next claimer resumes them).
+    pub async fn serve(
+        &self,
+        opts: ServeOptions,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<ServeReport, RunError> {
+        let workers = opts.workers.max(1);
+        let mut tasks: JoinSet<(RunId, Result<RunOutcome, RunError>)> = JoinSet::new();
+        let mut report = ServeReport::default();
+        tokio::pin!(shutdown);
+        loop {
+            while let Some(done) = tasks.try_join_next() {
+                log_done(done);
+            }
+            let free = workers.saturating_sub(tasks.len());
+            let claimed = match self.claim_runnable(free as u32).await {
+                Ok(c) => c,
+                Err(RunError::Store(e)) => {
+                    // The store is unreachable or refused: keep serving
+                    // what is held; try again at the next poll.
+                    tracing::warn!("claiming runs failed: {e}");
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            let got = !claimed.is_empty();
+            for (rec, lease) in claimed {
+                report.driven += 1;
+                let exec = self.clone();
+                tasks.spawn(async move {
+                    let out = exec.drive_claimed(&rec.id, lease).await;
+                    (rec.id, out)
+                });
+            }
+            // Claim again at once while there is work and room.
+            if got && tasks.len() < workers {
+                continue;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => log_done(done),
+                () = tokio::time::sleep(opts.poll) => {}
+            }
+        }
+        // Shutdown: let the runs being driven finish, within the grace.
+        let deadline = tokio::time::Instant::now() + opts.grace;
+        while !tasks.is_empty() {
+            match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+                Ok(Some(done)) => log_done(done),
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        // Hand back what is still held.
+        let k = &self.kernel;
+        for rec in k.store.runs_owned_by(&k.config.host_id).await? {
+            if let Some(lease) = rec.lease {
+                k.store.release_lease(&lease).await?;
+                report.handed_back.push(rec.id);
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn log_done(done: Result<(RunId, Result<RunOutcome, RunError>), tokio::task::JoinError>) {
+    match done {
+        Ok((run, Ok(o))) => tracing::info!(%run, status = %o.status, "run driven"),
+        Ok((run, Err(RunError::Held { .. }))) => {
+            tracing::debug!(%run, "run taken by another host")
+        }
+        Ok((run, Err(e))) => tracing::warn!(%run, "driving the run failed: {e}"),
+        Err(e) if e.is_cancelled() => {}
+        Err(e) => tracing::error!("a driving task panicked: {e}"),
+    }
+}

@@ -1,0 +1,114 @@
+//! Leases: at most one host drives a run at a time.
+//!
+//! A host drives a run only while it holds the run's lease (claimed from the
+//! store: an owner, an expiry and a fencing epoch that grows with every
+//! claim). Every commit of the run carries the lease's [`Fence`], so once
+//! another host has taken the run over — after this host stopped renewing,
+//! or a second process under the same host id claimed it — the store
+//! refuses this host's next write with `StoreError::LeaseLost` and nothing
+//! of it lands: the walk halts there, and the new holder carries on from
+//! the episode. Every effect is preceded by a fenced commit (its `Pending`
+//! and `Dispatched` intents), so a host that lost a run dispatches nothing
+//! more for it.
+//!
+//! While a run is driven, a heartbeat task renews its lease every third of
+//! the lease's time to live; the lease is released when the driving stops
+//! (the run ended, waits, is blocked, or the walk halted), so the next
+//! claimer does not wait for it to expire.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use poimen_store::{Fence, Lease, Store, StoreError};
+
+use crate::kernel::Kernel;
+
+/// This host's tenure on one run: the lease it holds, kept current by the
+/// heartbeat.
+#[derive(Debug)]
+pub(crate) struct Tenure {
+    lease: Mutex<Lease>,
+}
+
+impl Tenure {
+    pub fn new(lease: Lease) -> Arc<Tenure> {
+        Arc::new(Tenure {
+            lease: Mutex::new(lease),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lease> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lease as last claimed or renewed.
+    pub fn lease(&self) -> Lease {
+        self.lock().clone()
+    }
+
+    /// What this host's commits of the run carry.
+    pub fn fence(&self) -> Fence {
+        self.lock().fence()
+    }
+
+    /// Keeps the lease alive until the returned guard is dropped, then
+    /// releases it.
+    pub fn hold(self: &Arc<Self>, kernel: &Arc<Kernel>, store: Arc<dyn Store>) -> Holding {
+        let ttl = kernel.config.lease_ttl_ms.max(1);
+        let period = Duration::from_millis(u64::try_from(ttl / 3).unwrap_or(1).max(1));
+        let tenure = self.clone();
+        let k = kernel.clone();
+        let s = store.clone();
+        let heartbeat = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let current = tenure.lease();
+                match s.renew_lease(&current, k.clock.now_ms(), ttl).await {
+                    Ok(renewed) => *tenure.lock() = renewed,
+                    // Taken over: this host's next commit is refused, which
+                    // halts the walk; nothing to renew any more.
+                    Err(StoreError::LeaseLost { .. }) => {
+                        tracing::warn!(
+                            run = %current.run,
+                            "lease lost to another host; this host stops driving the run"
+                        );
+                        return;
+                    }
+                    // A store hiccup: try again at the next beat (the lease
+                    // holds until it expires).
+                    Err(e) => tracing::warn!(run = %current.run, "lease renewal failed: {e}"),
+                }
+            }
+        });
+        Holding {
+            tenure: self.clone(),
+            store,
+            heartbeat,
+        }
+    }
+}
+
+/// A held lease: renewed by its heartbeat until [`Holding::release`].
+pub(crate) struct Holding {
+    tenure: Arc<Tenure>,
+    store: Arc<dyn Store>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl Holding {
+    /// Stops the heartbeat and gives the run up (a no-op in the store if
+    /// another host took it over meanwhile).
+    pub async fn release(self) {
+        self.heartbeat.abort();
+        let lease = self.tenure.lease();
+        if let Err(e) = self.store.release_lease(&lease).await {
+            tracing::warn!(run = %lease.run, "releasing the lease failed (it expires by itself): {e}");
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
