@@ -92,6 +92,19 @@ pub enum Error {
     },
     #[error(transparent)]
     Shadow(#[from] crate::shadow::ShadowError),
+    #[error(
+        "run {run} is still {status} after {}; wait longer (--timeout) or look at it with `poimen status {run}`",
+        humantime_ms(.after)
+    )]
+    Timeout {
+        run: RunId,
+        status: RunStatus,
+        after: std::time::Duration,
+    },
+}
+
+fn humantime_ms(d: &std::time::Duration) -> String {
+    format!("{} ms", d.as_millis())
 }
 
 fn first(errors: &[ValidationError]) -> String {
@@ -681,11 +694,76 @@ impl Host {
         let exec = self.inner.executor().clone();
         let run = started.run.clone();
         tokio::spawn(async move {
-            if let Err(e) = exec.resume(&run).await {
+            let driven = match started.lease {
+                Some(lease) => exec.drive_claimed(&run, lease).await,
+                None => exec.resume(&run).await,
+            };
+            if let Err(e) = driven {
                 tracing::warn!(run = %run, error = %e, "background run stopped with an error");
             }
         });
         Ok(started.run)
+    }
+
+    /// Enqueues a run and returns its id: the run is stored `queued`, held
+    /// by no host, and driven by whichever host serving this store claims
+    /// it first ([`Host::serve`]). Its version is published and pinned now.
+    pub async fn enqueue(
+        &self,
+        target: &Target,
+        input: Value,
+        opts: RunOptions,
+    ) -> Result<RunId, Error> {
+        let v = self.arm(target).await?;
+        let runnable = self.inner.wiring.loader.runnable(v);
+        let started = self
+            .inner
+            .executor()
+            .enqueue(runnable, input, opts.into_start())
+            .await?;
+        Ok(started.run)
+    }
+
+    /// Serves the store until `shutdown` resolves: claims queued runs and
+    /// runs whose host stopped (lease expired), drives up to
+    /// `opts.workers` at once, renews their leases, and on shutdown hands
+    /// back what it holds (see [`poimen_executor::ServeOptions`]).
+    pub async fn serve(
+        &self,
+        opts: poimen_executor::ServeOptions,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<poimen_executor::ServeReport, Error> {
+        Ok(self.inner.executor().serve(opts, shutdown).await?)
+    }
+
+    /// Waits until a run completes, fails, is cancelled, blocks or waits
+    /// for a judgment — whichever host drives it — and returns its record;
+    /// [`Error::Timeout`] after `timeout`.
+    pub async fn wait(
+        &self,
+        run: &str,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<RunRecord, Error> {
+        let id = self.run_id(run)?;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut pause = std::time::Duration::from_millis(5);
+        loop {
+            let rec = self.inner.executor().status(&id).await?;
+            if !matches!(rec.status, RunStatus::Running | RunStatus::Queued) {
+                return Ok(rec);
+            }
+            if let Some(d) = deadline
+                && tokio::time::Instant::now() >= d
+            {
+                return Err(Error::Timeout {
+                    run: id,
+                    status: rec.status,
+                    after: timeout.unwrap_or_default(),
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(100));
+        }
     }
 
     fn run_id(&self, run: &str) -> Result<RunId, Error> {
