@@ -1,10 +1,12 @@
 //! [`StoreError`]: every way a store operation fails, each with a message
 //! that says what happened, where, and what to do.
 //!
-//! Backends map their own failures (SQLite result codes, IO errors) into
-//! these variants; callers match on the variant, never on message text. This
-//! module does not know which backend produced an error beyond the `path` it
-//! names (`:memory:` for the in-memory store).
+//! Backends map their own failures (SQLite result codes, PostgreSQL
+//! SQLSTATEs, IO and connection errors) into these variants; callers match
+//! on the variant, never on message text. This module does not know which
+//! backend produced an error beyond the `path` it names: a file path,
+//! `:memory:` for the in-memory store, or the URL of a PostgreSQL store with
+//! its password redacted.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -122,6 +124,33 @@ pub enum StoreError {
         code: i32,
         message: String,
     },
+    /// The PostgreSQL server cannot be reached, or the connection broke
+    /// (refused, timed out, reset, the server shutting down). A write under
+    /// way when it broke may or may not have been committed.
+    Unavailable {
+        /// The store's URL, its password replaced by `***`.
+        url_redacted: String,
+        source_message: String,
+    },
+    /// The PostgreSQL server refused the connection's credentials: an
+    /// unknown role, a wrong password, no right to connect or to write.
+    AccessDenied {
+        url_redacted: String,
+        source_message: String,
+    },
+    /// Any other PostgreSQL failure, with its SQLSTATE.
+    Postgres {
+        url_redacted: String,
+        code: String,
+        message: String,
+    },
+    /// A store URL whose scheme no backend of this build opens.
+    UnsupportedUrl {
+        url_redacted: String,
+        scheme: String,
+        /// What this build accepts (`postgres://…`, `sqlite://PATH`, …).
+        accepted: Vec<String>,
+    },
 }
 
 /// The details of [`StoreError::IdempotencyConflict`]: both runs' versions,
@@ -195,6 +224,7 @@ impl StoreError {
                 | StoreError::Full { .. }
                 | StoreError::Busy { .. }
                 | StoreError::Io { .. }
+                | StoreError::Unavailable { .. }
         )
     }
 
@@ -213,9 +243,19 @@ impl StoreError {
     }
 }
 
+/// Whether `path` names a database server (a URL) rather than a file.
+fn is_server(path: &std::path::Path) -> bool {
+    path.to_str().is_some_and(|s| s.contains("://"))
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            StoreError::Open { path, cause } if is_server(path) => write!(
+                f,
+                "cannot open the store at {}: {cause}. Check the URL (server, port, database name), or choose another store",
+                path.display()
+            ),
             StoreError::Open { path, cause } => write!(
                 f,
                 "cannot open the store at {}: {cause}. Check the path, or choose another with --store or POIMEN_HOME",
@@ -224,6 +264,11 @@ impl fmt::Display for StoreError {
             StoreError::NotADatabase { path, detail } => write!(
                 f,
                 "{} is not a poimen store ({detail}). Nothing was changed; point --store or POIMEN_HOME at a poimen store, or move this file away",
+                path.display()
+            ),
+            StoreError::Corrupt { path, detail } if is_server(path) => write!(
+                f,
+                "the store at {} is damaged: {detail}. Nothing was changed; restore the database from a backup, or inspect it with psql",
                 path.display()
             ),
             StoreError::Corrupt { path, detail } => write!(
@@ -347,6 +392,11 @@ impl fmt::Display for StoreError {
                 f,
                 "commit for run {run} refused: {detail}; nothing of it was written"
             ),
+            StoreError::ReadOnly { path, cause } if is_server(path) => write!(
+                f,
+                "the store at {} is read-only ({cause}): the server is a standby or refuses writes. Point the store at the primary; nothing was changed",
+                path.display()
+            ),
             StoreError::ReadOnly { path, cause } => write!(
                 f,
                 "the store at {} is read-only ({cause}). poimen writes the file and, beside it, its -wal and -shm files; make the file and its directory writable, or choose another store with --store or POIMEN_HOME. Nothing was changed",
@@ -355,6 +405,11 @@ impl fmt::Display for StoreError {
             StoreError::Full { path } => write!(
                 f,
                 "the disk holding the store at {} is full (or the store reached its size limit). The write was rolled back and the store is consistent; free space and retry",
+                path.display()
+            ),
+            StoreError::Busy { path } if is_server(path) => write!(
+                f,
+                "the store at {} could not take a lock in time (a serialization failure, deadlock or lock timeout); nothing was changed, retry",
                 path.display()
             ),
             StoreError::Busy { path } => write!(
@@ -375,6 +430,43 @@ impl fmt::Display for StoreError {
                 f,
                 "SQLite error {code} on the store at {}: {message}",
                 path.display()
+            ),
+            StoreError::Unavailable {
+                url_redacted,
+                source_message,
+            } => write!(
+                f,
+                "cannot reach the PostgreSQL server of the store at {url_redacted}: {source_message}. \
+                 Check that the server runs and that this host can reach it, then retry; a write \
+                 under way when the connection broke may or may not have been committed, so read \
+                 the run back before redoing it"
+            ),
+            StoreError::AccessDenied {
+                url_redacted,
+                source_message,
+            } => write!(
+                f,
+                "the PostgreSQL server of the store at {url_redacted} refused access: {source_message}. \
+                 Check the user and password in the URL, and that the role may connect to the \
+                 database and write its tables; nothing was changed"
+            ),
+            StoreError::Postgres {
+                url_redacted,
+                code,
+                message,
+            } => write!(
+                f,
+                "PostgreSQL error {code} on the store at {url_redacted}: {message}"
+            ),
+            StoreError::UnsupportedUrl {
+                url_redacted,
+                scheme,
+                accepted,
+            } => write!(
+                f,
+                "cannot open a store at `{url_redacted}`: this poimen opens no `{scheme}://` store. \
+                 Accepted: {}",
+                accepted.join(", ")
             ),
         }
     }

@@ -1,7 +1,8 @@
 //! The storage of poimen: the [`Store`] trait and its implementations —
-//! [`SqliteStore`] (the embedded default: one file, WAL mode) and
+//! [`SqliteStore`] (the embedded default: one file, WAL mode),
+//! [`PostgresStore`] (one PostgreSQL database shared by many hosts) and
 //! [`MemoryStore`] (ephemeral, for `durable: false` workflows, tests and
-//! benchmarks; the same semantics).
+//! benchmarks; the same semantics). [`open_store`] opens one by URL.
 //!
 //! What is kept: the immutable version DAG, content-addressed blobs, runs
 //! (with their tenants, idempotency keys and leases), each run's append-only episode,
@@ -16,20 +17,27 @@
 //! `docs/store.md`.
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod codec;
 mod error;
 mod ids;
 mod location;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod records;
 mod rules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
+mod url;
 
 pub use error::{IdempotencyConflict, StoreError};
 pub use ids::{BlobHash, HASH_PREFIX, IdParseError, JudgmentId, RunId};
 pub use location::{LOCAL_DIR, LocationSource, STORE_FILE, StoreLocation};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PG_SCHEMA_VERSION, PostgresOptions, PostgresStore};
 pub use records::{
     Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase, IntentRecord,
     JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, NewEvent, NewRun,
@@ -40,3 +48,4 @@ pub use records::{
 pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 pub use store::{Store, StoreResult};
 pub use ulid::Ulid;
+pub use url::{StoreUrl, open_store, redact_url};

@@ -2,8 +2,10 @@
 //!
 //! Each function decides one question from values a backend has already
 //! read (the stored record, the last intent phase, the next sequence
-//! number), so SQLite, memory and a later PostgreSQL backend cannot drift
-//! apart. Nothing here reads or writes storage.
+//! number), so SQLite, memory and PostgreSQL cannot drift apart (the
+//! PostgreSQL commit checks run inside the server, in `poimen_commit`; the
+//! conformance tests and a unit test of its intent protocol hold them to
+//! these). Nothing here reads or writes storage.
 
 use std::path::Path;
 
@@ -88,7 +90,7 @@ pub(crate) fn check_parent(
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// A version record read back: its bytes must still hash to its name.
 pub(crate) fn verify_version(rec: VersionRecord, path: &Path) -> Result<VersionRecord, StoreError> {
     let actual = WorkflowVersion::of_canonical_bytes(&rec.canonical);

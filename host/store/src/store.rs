@@ -1,7 +1,7 @@
 //! The [`Store`] trait: everything the executor and the CLI keep.
 //!
-//! The trait is the contract every backend meets (SQLite now, PostgreSQL
-//! later; the in-memory store for ephemeral runs): the conformance tests in
+//! The trait is the contract every backend meets (SQLite, PostgreSQL, and
+//! the in-memory store for ephemeral runs): the conformance tests in
 //! `tests/it_store.rs` run against each. It knows nothing of how rows are
 //! laid out, and nothing of the executor's walk: the store records and checks
 //! what it is given; it never reads the clock or a random source (callers

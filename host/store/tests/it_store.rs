@@ -1,7 +1,14 @@
 //! The store's tests: one conformance suite run against every backend
-//! (`sqlite::*` and `memory::*`), then what only a file can show — triggers
-//! under raw SQL, bytes on disk, damaged and foreign files, schema versions
-//! and the v1 fixture, read-only and full disks, SIGKILL mid-commit.
+//! (`sqlite::*`, `memory::*` and `postgres::*`), then what only a file can
+//! show — triggers under raw SQL, bytes on disk, damaged and foreign files,
+//! schema versions and the v1 fixture, read-only and full disks, SIGKILL
+//! mid-commit — and what only a server can: its triggers, schema versions,
+//! refused connections and reconnects, several stores on one database.
+//!
+//! The PostgreSQL tests need a server: `POIMEN_TEST_PG` (default
+//! `postgres://postgres@127.0.0.1:5432/test`, trust auth). Each test creates
+//! its own database and drops it at the end. Without a server they fail,
+//! saying how to start one — they never skip.
 //!
 //! Tests assert error *values* (variants and their fields), never panics.
 //! Nothing here knows the executor: runs, events and intents are made up.
@@ -112,10 +119,13 @@ fn commit_of(run: &RunId, events: Vec<NewEvent>) -> Commit {
     }
 }
 
-/// A store under test, with whatever keeps it alive.
+/// A store under test, with whatever keeps it alive (dropped after the
+/// store: fields drop in order).
 struct Harness {
     store: Arc<dyn Store>,
     _dir: Option<tempfile::TempDir>,
+    #[cfg(feature = "postgres")]
+    _db: Option<pg::TestDb>,
 }
 
 impl Harness {
@@ -127,6 +137,8 @@ impl Harness {
         Harness {
             store: Arc::new(store),
             _dir: Some(dir),
+            #[cfg(feature = "postgres")]
+            _db: None,
         }
     }
 
@@ -134,6 +146,21 @@ impl Harness {
         Harness {
             store: Arc::new(MemoryStore::new()),
             _dir: None,
+            #[cfg(feature = "postgres")]
+            _db: None,
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres() -> Self {
+        let db = pg::TestDb::create().await;
+        let store = poimen_store::PostgresStore::open(&db.url)
+            .await
+            .expect("open the PostgreSQL store");
+        Harness {
+            store: Arc::new(store),
+            _dir: None,
+            _db: Some(db),
         }
     }
 
@@ -157,6 +184,15 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(&super::Harness::memory()).await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&super::Harness::postgres().await).await
                 }
             )*
         }
@@ -3131,6 +3167,65 @@ fn errors_say_what_where_and_what_to_do() {
             && m.contains("Create the child with tenant `acme`"),
         "{m}"
     );
+
+    let holder = Lease {
+        run: run_id(1),
+        owner: "host-b".into(),
+        epoch: 8,
+        expires_at: T0,
+    };
+    let m = StoreError::LeaseLost {
+        run: run_id(1),
+        fence: Fence {
+            owner: "host-a".into(),
+            epoch: 7,
+        },
+        holder: Some(holder),
+    }
+    .to_string();
+    assert!(
+        m.contains(run_id(1).as_str())
+            && m.contains("host `host-a` at lease epoch 7 no longer holds")
+            && m.contains("host `host-b` holds it now, at lease epoch 8")
+            && m.contains("Nothing of this write was written")
+            && m.contains("must stop driving the run"),
+        "{m}"
+    );
+
+    let server = "postgres://poimen:***@db.internal:5432/poimen".to_owned();
+    let m = StoreError::Unavailable {
+        url_redacted: server.clone(),
+        source_message: "error connecting to server: Connection refused (os error 111)".into(),
+    };
+    assert!(m.is_unavailable());
+    let m = m.to_string();
+    assert!(
+        m.contains(&server) && m.contains("Connection refused") && m.contains("retry"),
+        "{m}"
+    );
+    let m = StoreError::AccessDenied {
+        url_redacted: server.clone(),
+        source_message: "role \"nobody\" does not exist".into(),
+    }
+    .to_string();
+    assert!(
+        m.contains(&server) && m.contains("role") && m.contains("user and password"),
+        "{m}"
+    );
+    // A location on a server gets server advice, not file advice.
+    let m = StoreError::Corrupt {
+        path: PathBuf::from(&server),
+        detail: "run status `x` is not well-formed".into(),
+    }
+    .to_string();
+    assert!(m.contains("psql") && !m.contains("sqlite3"), "{m}");
+    let m = StoreError::NewerSchema {
+        path: PathBuf::from(&server),
+        found: 2,
+        supported: 1,
+    }
+    .to_string();
+    assert!(m.contains(&server) && m.contains("newer poimen"), "{m}");
 }
 
 /// Blocking store work runs where the runtime allows: `block_in_place` on a
@@ -3154,4 +3249,701 @@ async fn sqlite_store_works_on_a_current_thread_runtime() {
         .collect();
     assert_eq!(kinds, ["a", "b"]);
     assert_eq!(s.intents(&run.id).await.expect("intents").len(), 1);
+}
+
+// -------------------------------------------------------------- PostgreSQL
+
+/// Fresh databases on the test server, one per test.
+#[cfg(feature = "postgres")]
+mod pg {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use poimen_store::redact_url;
+    use tokio_postgres::NoTls;
+
+    /// The server the tests use: `POIMEN_TEST_PG`, or the local default.
+    pub fn base_url() -> String {
+        std::env::var("POIMEN_TEST_PG")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    /// `url` naming database `name` instead of its own.
+    pub fn with_dbname(url: &str, name: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+        let query_at = rest.find('?').unwrap_or(rest.len());
+        let (head, query) = rest.split_at(query_at);
+        let authority = head.split('/').next().unwrap_or(head);
+        format!("{scheme}://{authority}/{name}{query}")
+    }
+
+    /// `url` with its user (and password) replaced by `user`.
+    pub fn with_user(url: &str, user: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        format!("{scheme}://{user}@{host}")
+    }
+
+    /// A raw connection, for SQL the store would never run.
+    pub async fn connect(url: &str) -> tokio_postgres::Client {
+        match tokio_postgres::connect(url, NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                client
+            }
+            Err(e) => panic!(
+                "PostgreSQL is not reachable at {} ({e}). These tests need a server with \
+                 trust auth for user postgres and a database `test`: start one with \
+                 `pg_ctlcluster 15 main start` or `service postgresql start`, or point \
+                 POIMEN_TEST_PG at one",
+                redact_url(url)
+            ),
+        }
+    }
+
+    /// A database of its own, dropped (with any connection left to it) when
+    /// this is dropped.
+    pub struct TestDb {
+        pub name: String,
+        pub url: String,
+        base: String,
+    }
+
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+
+    impl TestDb {
+        pub async fn create() -> TestDb {
+            let base = base_url();
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let name = format!(
+                "poimen_t_{}_{}_{nanos}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
+            connect(&base)
+                .await
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .expect("create the test database");
+            TestDb {
+                url: with_dbname(&base, &name),
+                name,
+                base,
+            }
+        }
+
+        pub async fn raw(&self) -> tokio_postgres::Client {
+            connect(&self.url).await
+        }
+    }
+
+    impl Drop for TestDb {
+        fn drop(&mut self) {
+            let (base, name) = (self.base.clone(), self.name.clone());
+            // Drop may run inside a runtime: the cleanup gets its own, on a
+            // thread of its own.
+            let done = std::thread::spawn(move || -> Result<(), String> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async {
+                    let (client, conn) = tokio_postgres::connect(&base, NoTls)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .join();
+            if let Ok(Err(e)) | Err(e) = done.map_err(|_| "panicked".to_owned()) {
+                eprintln!("could not drop test database {}: {e}", self.name);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_store(db: &pg::TestDb) -> poimen_store::PostgresStore {
+    poimen_store::PostgresStore::open(&db.url)
+        .await
+        .expect("open the PostgreSQL store")
+}
+
+/// Every applied migration, every table of the database with its row count,
+/// and every function: what "nothing was written" compares.
+#[cfg(feature = "postgres")]
+async fn pg_snapshot(raw: &tokio_postgres::Client) -> Vec<String> {
+    let mut seen = Vec::new();
+    for row in raw
+        .query(
+            "SELECT version, name FROM poimen_schema ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("poimen_schema")
+    {
+        seen.push(format!(
+            "{}:{}",
+            row.get::<_, i32>(0),
+            row.get::<_, String>(1)
+        ));
+    }
+    let tables: Vec<String> = raw
+        .query(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename",
+            &[],
+        )
+        .await
+        .expect("tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for t in tables {
+        let n: i64 = raw
+            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+            .await
+            .expect("count")
+            .get(0);
+        seen.push(format!("{t}={n}"));
+    }
+    let functions: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace",
+            &[],
+        )
+        .await
+        .expect("functions")
+        .get(0);
+    seen.push(format!("functions={functions}"));
+    seen
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_triggers_refuse_rewriting_history_through_raw_sql() {
+    let db = pg::TestDb::create().await;
+    let s = pg_store(&db).await;
+    let run = make_run(&s, 1).await;
+    let mut c = commit_of(&run.id, vec![event(0, "a")]);
+    c.intents = vec![intent(&run.id, "a", 1, IntentPhase::Pending)];
+    c.blobs = vec![b"blob".to_vec()];
+    c.judgments = vec![JudgmentWrite::Open {
+        id: judgment_id(1),
+        step: StepId::from("review"),
+        iteration: 0,
+        request: json!({"q": 1}),
+        request_hash: "b3:req".into(),
+        at: T0,
+    }];
+    s.commit(c).await.expect("commit");
+    let mut c = Commit::new(run.id.clone());
+    c.judgments = vec![JudgmentWrite::Answer {
+        id: judgment_id(1),
+        result: json!(true),
+        at: T0,
+    }];
+    s.commit(c).await.expect("answer");
+    let lease = s
+        .claim_run(&run.id, "host-1", T0, TTL)
+        .await
+        .expect("claim")
+        .expect("claimed");
+    drop(s);
+
+    let raw = db.raw().await;
+    let zero = "'b3:0000000000000000000000000000000000000000000000000000000000000000'";
+    for sql in [
+        "UPDATE versions SET created_at = 0".to_owned(),
+        "UPDATE versions SET canonical = '\\x00'".to_owned(),
+        "DELETE FROM versions".to_owned(),
+        "TRUNCATE versions CASCADE".to_owned(),
+        "UPDATE blobs SET bytes = '\\x00'".to_owned(),
+        "DELETE FROM blobs".to_owned(),
+        "TRUNCATE blobs CASCADE".to_owned(),
+        "UPDATE events SET kind = 'forged'".to_owned(),
+        "DELETE FROM events".to_owned(),
+        "TRUNCATE events".to_owned(),
+        "UPDATE intents SET phase = 'committed'".to_owned(),
+        "DELETE FROM intents".to_owned(),
+        "TRUNCATE intents".to_owned(),
+        "UPDATE judgments SET request = '{}'".to_owned(),
+        "DELETE FROM judgments".to_owned(),
+        "UPDATE judgment_answers SET result = 'false'".to_owned(),
+        "DELETE FROM judgment_answers".to_owned(),
+        format!("UPDATE runs SET input_hash = {zero}"),
+        format!("UPDATE runs SET version = {zero}"),
+        "UPDATE runs SET tenant = 'other'".to_owned(),
+        "UPDATE runs SET created_at = 0".to_owned(),
+        "DELETE FROM runs".to_owned(),
+        "UPDATE poimen_schema SET version = 99".to_owned(),
+        "DELETE FROM poimen_schema".to_owned(),
+        // The lease epoch never goes back.
+        format!("UPDATE runs SET lease_epoch = {}", lease.epoch - 1),
+        // A child run in another tenant than its parent's.
+        "INSERT INTO runs (id, workflow_id, version, tenant, status, input_hash, parent_run,
+                           parent_step, created_at, updated_at)
+         SELECT 'WFR-child', workflow_id, version, 'other', 'queued', input_hash, id, 'sub', 0, 0
+         FROM runs"
+            .to_owned(),
+        // A gap in an episode.
+        "INSERT INTO events (run, seq, at, kind, body) SELECT id, 5, 0, 'gap', '{}' FROM runs"
+            .to_owned(),
+    ] {
+        let err = raw.batch_execute(&sql).await.expect_err(&sql);
+        let db_err = err.as_db_error().map(|d| d.message().to_owned());
+        assert!(
+            db_err.as_deref().is_some_and(|m| m.starts_with("poimen:")),
+            "{sql}: {err:?}"
+        );
+    }
+    // A completed run is final.
+    raw.batch_execute("UPDATE runs SET status = 'completed'")
+        .await
+        .expect("status is mutable");
+    let err = raw
+        .batch_execute("UPDATE runs SET status = 'running'")
+        .await
+        .expect_err("final");
+    assert!(format!("{err:?}").contains("final"), "{err:?}");
+    // The tables hold what the store wrote, nothing else.
+    let snap = pg_snapshot(&raw).await;
+    for want in [
+        "blobs=2",
+        "events=1",
+        "intents=1",
+        "judgments=1",
+        "judgment_answers=1",
+        "runs=1",
+        "versions=1",
+    ] {
+        assert!(snap.iter().any(|s| s == want), "{want}: {snap:?}");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_blobs_are_stored_once_by_hash() {
+    let db = pg::TestDb::create().await;
+    let s = pg_store(&db).await;
+    let bytes = b"the same bytes, again and again".to_vec();
+    for _ in 0..3 {
+        s.put_blob(bytes.clone()).await.expect("put");
+    }
+    let run = make_run(&s, 1).await;
+    for k in 0..3 {
+        let mut c = commit_of(&run.id, vec![event(k, "e")]);
+        c.blobs = vec![bytes.clone(), bytes.clone()];
+        s.commit(c).await.expect("commit");
+    }
+    // Concurrent writers of one blob.
+    let s = Arc::new(s);
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let (s, b) = (Arc::clone(&s), b"raced".to_vec());
+            tokio::spawn(async move { s.put_blob(b).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task").expect("put");
+    }
+    let raw = db.raw().await;
+    let count = |h: BlobHash| {
+        let raw = &raw;
+        async move {
+            raw.query_one(
+                "SELECT count(*) FROM blobs WHERE hash = $1",
+                &[&h.to_string()],
+            )
+            .await
+            .expect("count")
+            .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(count(BlobHash::of(&bytes)).await, 1);
+    assert_eq!(count(BlobHash::of(b"raced")).await, 1);
+    let size: i64 = raw
+        .query_one(
+            "SELECT size FROM blobs WHERE hash = $1",
+            &[&BlobHash::of(&bytes).to_string()],
+        )
+        .await
+        .expect("size")
+        .get(0);
+    assert_eq!(size, bytes.len() as i64);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_newer_schema_is_refused_and_nothing_written() {
+    use poimen_store::PG_SCHEMA_VERSION;
+    let db = pg::TestDb::create().await;
+    let s = pg_store(&db).await;
+    make_run(&s, 1).await;
+    drop(s);
+    let raw = db.raw().await;
+    for found in [PG_SCHEMA_VERSION + 1, 99] {
+        raw.execute(
+            "INSERT INTO poimen_schema (version, name) VALUES ($1, 'a newer poimen')",
+            &[&(found as i32)],
+        )
+        .await
+        .expect("a newer version");
+        let before = pg_snapshot(&raw).await;
+        let err = poimen_store::PostgresStore::open(&db.url)
+            .await
+            .expect_err("newer");
+        assert!(
+            matches!(
+                err,
+                StoreError::NewerSchema {
+                    found: f,
+                    supported: PG_SCHEMA_VERSION,
+                    ..
+                } if f == found
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("schema version {found}"))
+                && msg.contains(&format!("the {PG_SCHEMA_VERSION} this poimen supports"))
+                && msg.contains("newer poimen")
+                && msg.contains(&db.name),
+            "{msg}"
+        );
+        assert_eq!(pg_snapshot(&raw).await, before, "nothing written");
+        // Through open_store too.
+        let err = poimen_store::open_store(&db.url).await.expect_err("newer");
+        assert!(matches!(err, StoreError::NewerSchema { .. }), "{err:?}");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_an_unreachable_server_is_unavailable_and_names_it_without_the_password() {
+    let url = "postgres://postgres:s3cret-pw@127.0.0.1:1/test";
+    let options = poimen_store::PostgresOptions {
+        connect_timeout: Duration::from_secs(3),
+        ..poimen_store::PostgresOptions::default()
+    };
+    let started = Instant::now();
+    let err = poimen_store::PostgresStore::open_with(url, options)
+        .await
+        .expect_err("port 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "it gave up in time"
+    );
+    match &err {
+        StoreError::Unavailable {
+            url_redacted,
+            source_message,
+        } => {
+            assert_eq!(url_redacted, "postgres://postgres:***@127.0.0.1:1/test");
+            assert!(!source_message.is_empty());
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(err.is_unavailable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("127.0.0.1:1") && msg.contains("server runs") && !msg.contains("s3cret"),
+        "{msg}"
+    );
+    assert!(!format!("{err:?}").contains("s3cret"));
+    let err = poimen_store::open_store(url).await.expect_err("port 1");
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_an_unknown_role_is_access_denied() {
+    // Make sure the server is up, so the refusal is the role's.
+    drop(pg::connect(&pg::base_url()).await);
+    let url = pg::with_user(&pg::base_url(), "nobody_xyz:pw");
+    let err = poimen_store::PostgresStore::open(&url)
+        .await
+        .expect_err("unknown role");
+    match &err {
+        StoreError::AccessDenied {
+            url_redacted,
+            source_message,
+        } => {
+            assert!(url_redacted.contains("nobody_xyz:***@"), "{url_redacted}");
+            assert!(source_message.contains("nobody_xyz"), "{source_message}");
+        }
+        other => panic!("expected AccessDenied, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("refused access") && msg.contains("user"),
+        "{msg}"
+    );
+    assert!(!err.is_unavailable());
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_an_unknown_database_or_a_bad_url_is_refused() {
+    drop(pg::connect(&pg::base_url()).await);
+    let url = pg::with_dbname(&pg::base_url(), "poimen_no_such_database_xyz");
+    let err = poimen_store::PostgresStore::open(&url)
+        .await
+        .expect_err("no database");
+    assert!(
+        matches!(&err, StoreError::Open { cause, .. } if cause.contains("poimen_no_such_database_xyz")),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("CREATE DATABASE"), "{err}");
+    let err = poimen_store::PostgresStore::open("postgres://h:notaport/db")
+        .await
+        .expect_err("bad port");
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_another_applications_database_is_refused() {
+    let db = pg::TestDb::create().await;
+    let raw = db.raw().await;
+    raw.batch_execute("CREATE TABLE runs (x text); INSERT INTO runs VALUES ('mine');")
+        .await
+        .expect("foreign");
+    let before = pg_snapshot_without_schema(&raw).await;
+    let err = poimen_store::PostgresStore::open(&db.url)
+        .await
+        .expect_err("foreign");
+    assert!(
+        matches!(&err, StoreError::NotADatabase { detail, .. } if detail.contains("runs")),
+        "{err:?}"
+    );
+    assert_eq!(
+        pg_snapshot_without_schema(&raw).await,
+        before,
+        "nothing written"
+    );
+}
+
+#[cfg(feature = "postgres")]
+async fn pg_snapshot_without_schema(raw: &tokio_postgres::Client) -> Vec<String> {
+    raw.query(
+        "SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace
+         UNION ALL SELECT proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+         ORDER BY 1",
+        &[],
+    )
+    .await
+    .expect("catalog")
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_hosts_opening_one_new_database_at_once_migrate_it_once() {
+    let db = pg::TestDb::create().await;
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url.clone();
+            tokio::spawn(async move { poimen_store::PostgresStore::open(&url).await })
+        })
+        .collect();
+    for o in opens {
+        o.await.expect("task").expect("open");
+    }
+    let raw = db.raw().await;
+    let versions: Vec<i32> = raw
+        .query("SELECT version FROM poimen_schema ORDER BY version", &[])
+        .await
+        .expect("versions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1]);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_the_pool_reconnects_after_the_server_drops_its_connections() {
+    let db = pg::TestDb::create().await;
+    let s = pg_store(&db).await;
+    let run = make_run(&s, 1).await;
+    s.commit(commit_of(&run.id, vec![event(0, "before")]))
+        .await
+        .expect("commit");
+    let raw = pg::connect(&pg::base_url()).await;
+    let kill = || async {
+        raw.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db.name],
+        )
+        .await
+        .expect("terminate")
+        .len()
+    };
+    assert!(kill().await >= 1, "the store had a connection");
+    // A call on a connection the server just closed may fail — as
+    // Unavailable, naming the server — and the pool replaces it.
+    let mut next = 1;
+    for round in 0..3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut ok = false;
+        for _ in 0..3 {
+            match s
+                .commit(commit_of(&run.id, vec![event(next, "after")]))
+                .await
+            {
+                Ok(()) => {
+                    next += 1;
+                    ok = true;
+                    break;
+                }
+                Err(StoreError::Unavailable { url_redacted, .. }) => {
+                    assert!(url_redacted.contains(&db.name), "{url_redacted}");
+                }
+                Err(other) => panic!("round {round}: unexpected {other:?}"),
+            }
+        }
+        assert!(ok, "round {round}: the store did not reconnect");
+        kill().await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let seqs: Vec<u64> = loop {
+        match s.events(&run.id).await {
+            Ok(e) => break e.iter().map(|e| e.seq).collect(),
+            Err(StoreError::Unavailable { .. }) => continue,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(seqs, (0..next).collect::<Vec<_>>());
+}
+
+/// Two stores on one database — two pools, as two hosts would have — race
+/// `claim_runnable`: no run goes to both.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_two_hosts_on_one_database_never_claim_the_same_run() {
+    const RUNS: u128 = 80;
+    let db = pg::TestDb::create().await;
+    let a: Arc<dyn Store> = Arc::new(pg_store(&db).await);
+    let b: Arc<dyn Store> = Arc::new(pg_store(&db).await);
+    let v = publish(&*a, "demo.flow", "a", None).await;
+    for n in 0..RUNS {
+        a.create_run(new_run(n, v.version, &json!(n as u64)))
+            .await
+            .expect("create");
+    }
+    let claimed = race_claim_runnable(vec![Arc::clone(&a), Arc::clone(&b), a, b], 3).await;
+    assert_eq!(claimed.len() as u128, RUNS, "every run claimed once");
+}
+
+/// Two hosts racing to create the same keyed run, and to publish the same
+/// version: one creates, the other gets the same run back.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_concurrent_creates_under_one_key_yield_one_run() {
+    let db = pg::TestDb::create().await;
+    let a: Arc<dyn Store> = Arc::new(pg_store(&db).await);
+    let b: Arc<dyn Store> = Arc::new(pg_store(&db).await);
+    for round in 0..5u128 {
+        let bytes = canonical("race.flow", &format!("v{round}"));
+        let pubs: Vec<_> = [&a, &b, &a, &b]
+            .into_iter()
+            .map(|s| {
+                let (s, bytes) = (Arc::clone(s), bytes.clone());
+                tokio::spawn(async move {
+                    s.publish_version(NewVersion::of(wf("race.flow"), bytes, None, T0))
+                        .await
+                })
+            })
+            .collect();
+        let mut created = 0;
+        let mut version = None;
+        for p in pubs {
+            let out = p.await.expect("task").expect("publish");
+            created += usize::from(out.is_created());
+            version = Some(out.record().version);
+        }
+        assert_eq!(created, 1, "round {round}: one publish created the version");
+        let version = version.expect("published");
+        let creates: Vec<_> = (0..4u128)
+            .map(|k| {
+                let s = Arc::clone(if k % 2 == 0 { &a } else { &b });
+                let new = NewRun {
+                    idempotency_key: Some(format!("order-{round}")),
+                    ..new_run(100 * round + k, version, &json!({"order": round as u64}))
+                };
+                tokio::spawn(async move { s.create_run(new).await })
+            })
+            .collect();
+        let mut ids = BTreeSet::new();
+        let mut fresh = 0;
+        for c in creates {
+            let out = c.await.expect("task").expect("create");
+            fresh += usize::from(out.is_created());
+            ids.insert(out.into_record().id);
+        }
+        assert_eq!((fresh, ids.len()), (1, 1), "round {round}");
+    }
+    let raw = db.raw().await;
+    let runs: i64 = raw
+        .query_one("SELECT count(*) FROM runs", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(runs, 5);
+}
+
+// ---------------------------------------------------------- open by URL
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_store_opens_each_backend_by_url() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A plain path and sqlite://PATH name the same SQLite file.
+    let path = dir.path().join("by-url/poimen.db");
+    let plain = path.to_str().expect("utf-8 path");
+    let s = poimen_store::open_store(plain).await.expect("plain path");
+    let v = publish(&*s, "a.flow", "1", None).await;
+    drop(s);
+    let s = poimen_store::open_store(&format!("sqlite://{plain}"))
+        .await
+        .expect("sqlite://");
+    assert_eq!(s.version(&v.version).await.expect("read"), Some(v));
+    assert!(format!("{s:?}").contains("SqliteStore"), "{s:?}");
+
+    let err = poimen_store::open_store("mysql://root:pw@localhost/poimen")
+        .await
+        .expect_err("mysql");
+    assert!(
+        matches!(&err, StoreError::UnsupportedUrl { scheme, .. } if scheme == "mysql"),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains(":pw@"), "{err}");
+
+    #[cfg(feature = "postgres")]
+    {
+        let db = pg::TestDb::create().await;
+        let s = poimen_store::open_store(&db.url)
+            .await
+            .expect("postgres://");
+        assert!(format!("{s:?}").contains("PostgresStore"), "{s:?}");
+        let v = publish(&*s, "a.flow", "1", None).await;
+        drop(s);
+        let alias = db.url.replacen("postgres://", "postgresql://", 1);
+        let s = poimen_store::open_store(&alias)
+            .await
+            .expect("postgresql://");
+        assert_eq!(s.version(&v.version).await.expect("read"), Some(v));
+    }
 }

@@ -52,11 +52,3 @@ pub(crate) fn sql_error(path: &Path, e: rusqlite::Error) -> StoreError {
         },
     }
 }
-
-/// A stored value that does not parse as what the schema says it is.
-pub(crate) fn bad_value(path: &Path, what: &str, value: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt {
-        path: path.to_owned(),
-        detail: format!("{what} `{value}` is not well-formed"),
-    }
-}

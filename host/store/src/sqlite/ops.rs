@@ -8,13 +8,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::str::FromStr;
 
-use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
+use poimen_workflow::{StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use rusqlite::{Connection, OptionalExtension, Row, ToSql, params};
 use serde_json::Value;
 
-use super::errors::{bad_value, sql_error};
+use super::errors::sql_error;
+use crate::codec::{bad_value, effect_name, json_value, parse, parse_effect, to_lease, to_u32};
 use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
@@ -37,10 +37,6 @@ impl<T> At<T> for rusqlite::Result<T> {
     }
 }
 
-fn parse<T: FromStr>(p: &Path, what: &str, s: &str) -> Result<T> {
-    s.parse().map_err(|_| bad_value(p, what, s))
-}
-
 fn to_i64(p: &Path, what: &str, n: u64) -> Result<i64> {
     i64::try_from(n).map_err(|_| StoreError::Sqlite {
         path: p.to_owned(),
@@ -49,40 +45,12 @@ fn to_i64(p: &Path, what: &str, n: u64) -> Result<i64> {
     })
 }
 
-fn to_u32(p: &Path, what: &str, n: i64) -> Result<u32> {
-    u32::try_from(n).map_err(|_| bad_value(p, what, n))
-}
-
 fn json_text(p: &Path, v: &Value) -> Result<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Sqlite {
         path: p.to_owned(),
         code: -1,
         message: format!("cannot encode JSON: {e}"),
     })
-}
-
-fn json_value(p: &Path, what: &str, s: &str) -> Result<Value> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
-        path: p.to_owned(),
-        detail: format!("{what} is not valid JSON: {e}"),
-    })
-}
-
-fn effect_name(e: EffectClass) -> &'static str {
-    match e {
-        EffectClass::Pure => "pure",
-        EffectClass::Idempotent => "idempotent",
-        EffectClass::NonIdempotent => "non-idempotent",
-    }
-}
-
-fn parse_effect(p: &Path, s: &str) -> Result<EffectClass> {
-    match s {
-        "pure" => Ok(EffectClass::Pure),
-        "idempotent" => Ok(EffectClass::Idempotent),
-        "non-idempotent" => Ok(EffectClass::NonIdempotent),
-        other => Err(bad_value(p, "effect class", other)),
-    }
 }
 
 fn collect<R, T>(
@@ -345,33 +313,6 @@ fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
         lease_epoch: r.get(14)?,
         lease_expires_at: r.get(15)?,
     })
-}
-
-/// The lease of run `id` from its stored columns: none without an owner.
-fn to_lease(
-    p: &Path,
-    id: &RunId,
-    owner: Option<String>,
-    epoch: i64,
-    expires_at: Option<i64>,
-) -> Result<Option<Lease>> {
-    let Some(owner) = owner else {
-        return Ok(None);
-    };
-    let epoch = u64::try_from(epoch)
-        .ok()
-        .filter(|e| *e > 0)
-        .ok_or_else(|| bad_value(p, &format!("lease epoch of run {id}"), epoch))?;
-    let expires_at = expires_at.ok_or_else(|| StoreError::Corrupt {
-        path: p.to_owned(),
-        detail: format!("run {id} is held by `{owner}` but its lease has no expiry"),
-    })?;
-    Ok(Some(Lease {
-        run: id.clone(),
-        owner,
-        epoch,
-        expires_at,
-    }))
 }
 
 fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
