@@ -13,7 +13,9 @@ Exit codes:
   4  a run is blocked (needs `poimen reconcile`) or waiting (needs `poimen judgment submit`)
   5  the environment failed (store, plugin host, disk)
 
-Store: --store PATH, else $POIMEN_HOME/poimen.db, else ./.poimen/poimen.db";
+Store: --store PATH|URL (or $POIMEN_STORE), else $POIMEN_HOME/poimen.db, else ./.poimen/poimen.db.
+A URL postgres://USER@HOST:PORT/DB names a PostgreSQL database several hosts may share
+(`poimen serve` on each); sqlite://PATH or a plain path names an SQLite file.";
 
 /// poimen: a workflow kernel and WebAssembly plugin host.
 #[derive(Debug, Parser)]
@@ -28,9 +30,10 @@ pub struct Cli {
 /// Options every verb takes.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// The store file (SQLite).
-    #[arg(long, global = true, value_name = "PATH")]
-    pub store: Option<PathBuf>,
+    /// The store: an SQLite file path (or sqlite://PATH), or a PostgreSQL
+    /// URL (postgres://USER@HOST:PORT/DATABASE).
+    #[arg(long, global = true, value_name = "PATH|URL", env = "POIMEN_STORE")]
+    pub store: Option<String>,
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
@@ -175,10 +178,55 @@ pub enum Command {
         #[arg(long, value_name = "TENANT")]
         tenant: Option<String>,
     },
+    /// Enqueue a run without driving it: a host serving the store (`poimen serve`) drives it.
+    #[command(
+        after_help = "Example: poimen start flow.yaml --input '{\"text\": \"hello\"}' && poimen status RUN --wait"
+    )]
+    Start {
+        target: String,
+        /// Input JSON, or @FILE to read it from a file.
+        #[arg(long, short, default_value = "{}")]
+        input: String,
+        /// Same key and input returns the existing run; another input is refused.
+        #[arg(long, value_name = "KEY")]
+        idempotency_key: Option<String>,
+        /// The run's tenant (stored with it and its child runs).
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
+    },
+    /// Serve the store: claim queued runs and runs whose host stopped, and drive them.
+    #[command(
+        after_help = "Example: poimen --store postgres://postgres@127.0.0.1:5432/poimen serve --workers 8
+
+Stops on SIGTERM or Ctrl-C: claims nothing more, lets the runs it drives finish within --grace, then hands the rest back."
+    )]
+    Serve {
+        /// Runs driven at once.
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// This host's id in run leases (default: serve-HOSTNAME-PID). Distinct per host.
+        #[arg(long, value_name = "ID")]
+        host_id: Option<String>,
+        /// How long a lease lasts unrenewed: another host takes a run over this long after this one stops.
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+        lease_ttl: std::time::Duration,
+        /// How often to look for runs to claim.
+        #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = humantime::parse_duration)]
+        poll: std::time::Duration,
+        /// On shutdown, how long the runs being driven may take to finish.
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+    },
     /// A run's status, or recent runs.
-    #[command(after_help = "Example: poimen status WFR-01J...")]
+    #[command(after_help = "Example: poimen status WFR-01J... --wait --timeout 30s")]
     Status {
         run: Option<String>,
+        /// Wait until the run completes, fails, blocks or waits for a judgment.
+        #[arg(long, requires = "run")]
+        wait: bool,
+        /// With --wait: give up after this long (exit 5).
+        #[arg(long, value_name = "DURATION", requires = "wait", value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
         /// How many recent runs to list.
         #[arg(long, default_value_t = 20)]
         limit: u32,

@@ -37,31 +37,111 @@ pub async fn run(cli: Cli) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Version { files } => version(g, &files),
+        Command::Serve {
+            workers,
+            host_id,
+            lease_ttl,
+            poll,
+            grace,
+        } => {
+            init_logs("info");
+            let id = host_id.unwrap_or_else(default_serve_id);
+            let host = build_host_as(g, Some((id.clone(), lease_ttl))).await?;
+            serve(g, &host, &id, workers, poll, grace).await
+        }
         command => {
+            if std::env::var_os("POIMEN_LOG").is_some() {
+                init_logs("warn");
+            }
             let host = build_host(g).await?;
             dispatch(g, &host, command).await
         }
     }
 }
 
-fn store_path(g: &Global) -> Result<PathBuf> {
+/// Logs to stderr, filtered by `POIMEN_LOG` (tracing's `EnvFilter`
+/// syntax, e.g. `info` or `poimen_executor=debug`), else at `default`.
+fn init_logs(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("POIMEN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+/// Where the store is: an SQLite file, or a PostgreSQL URL.
+enum StoreAt {
+    File(PathBuf),
+    Url(String),
+}
+
+fn store_at(g: &Global) -> Result<StoreAt> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let home = std::env::var_os("POIMEN_HOME");
-    Ok(poimen::store::StoreLocation::resolve(g.store.as_deref(), home.as_deref(), &cwd).path)
+    let explicit = match g.store.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(text) => match poimen::store::StoreUrl::parse(text)? {
+            poimen::store::StoreUrl::Sqlite(path) => Some(path),
+            poimen::store::StoreUrl::Postgres(url) => return Ok(StoreAt::Url(url)),
+        },
+    };
+    Ok(StoreAt::File(
+        poimen::store::StoreLocation::resolve(explicit.as_deref(), home.as_deref(), &cwd).path,
+    ))
+}
+
+/// The local directory beside the store (for its plugins and compile
+/// cache): the store file's directory, or — for a database — the one an
+/// SQLite store would use (`$POIMEN_HOME`, else `./.poimen`).
+fn local_dir(g: &Global) -> Result<PathBuf> {
+    let path = match store_at(g)? {
+        StoreAt::File(path) => path,
+        StoreAt::Url(_) => {
+            let cwd = std::env::current_dir().context("cannot read the current directory")?;
+            let home = std::env::var_os("POIMEN_HOME");
+            poimen::store::StoreLocation::resolve(None, home.as_deref(), &cwd).path
+        }
+    };
+    Ok(path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".")))
 }
 
 fn plugin_store_dir(g: &Global) -> Result<PathBuf> {
-    let path = store_path(g)?;
-    Ok(path
-        .parent()
-        .map(|p| p.join("plugins"))
-        .unwrap_or_else(|| PathBuf::from("plugins")))
+    Ok(local_dir(g)?.join("plugins"))
+}
+
+/// `serve-HOSTNAME-PID`: distinct for every serving process.
+fn default_serve_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "host".to_owned());
+    format!("serve-{host}-{}", std::process::id())
 }
 
 async fn build_host(g: &Global) -> Result<Host> {
-    let mut b = Host::builder()
-        .store_path(store_path(g)?)
-        .bundled_plugins(!g.no_bundled);
+    build_host_as(g, None).await
+}
+
+/// The host, as the `local` CLI host or as a serving host (`(id, lease ttl)`).
+async fn build_host_as(g: &Global, serving: Option<(String, Duration)>) -> Result<Host> {
+    let mut b = match store_at(g)? {
+        StoreAt::File(path) => Host::builder().store_path(path),
+        StoreAt::Url(url) => Host::builder()
+            .store_url(url)
+            .cache_dir(local_dir(g)?.join("cache")),
+    }
+    .bundled_plugins(!g.no_bundled);
+    if let Some((id, ttl)) = serving {
+        b = b.host_id(id).lease_ttl(ttl);
+    }
     let added = plugin_store_dir(g)?;
     if added.is_dir() {
         b = b.plugin_dir(added);
@@ -301,9 +381,46 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             };
             run_verb(g, host, &target, input, opts).await
         }
-        Command::Status { run, limit, tenant } => {
-            status(g, host, run.as_deref(), limit, tenant.as_deref()).await
+        Command::Start {
+            target,
+            input,
+            idempotency_key,
+            tenant,
+        } => {
+            let input = json_arg(&input, "--input")?;
+            let target = Target::parse(&target);
+            if let Target::File(p) = &target
+                && !p.exists()
+            {
+                return Err(Usage(format!("{} does not exist", p.display())).into());
+            }
+            let opts = poimen::RunOptions {
+                idempotency_key,
+                tenant,
+            };
+            let run = host.enqueue(&target, input, opts).await?;
+            if g.json {
+                print_json(&json!({"run": run, "status": "queued"}))?;
+            } else {
+                println!("{run}");
+            }
+            Ok(exit::OK)
         }
+        Command::Status {
+            run: Some(run),
+            wait: true,
+            timeout,
+            ..
+        } => {
+            host.wait(&run, timeout).await?;
+            status(g, host, Some(&run), 0, None).await?;
+            let (rec, _) = host.status(&run).await?;
+            Ok(code_of(rec.status))
+        }
+        Command::Status {
+            run, limit, tenant, ..
+        } => status(g, host, run.as_deref(), limit, tenant.as_deref()).await,
+        Command::Serve { .. } => Ok(exit::OK),
         Command::Episode { run } => {
             let episode = host.episode(&run).await?;
             if g.json {
@@ -786,6 +903,53 @@ async fn status(
             Ok(exit::OK)
         }
     }
+}
+
+/// `poimen serve`: drives runs until SIGTERM or Ctrl-C.
+async fn serve(
+    g: &Global,
+    host: &Host,
+    id: &str,
+    workers: usize,
+    poll: Duration,
+    grace: Duration,
+) -> Result<u8> {
+    let opts = poimen::executor::ServeOptions {
+        workers,
+        poll,
+        grace,
+    };
+    eprintln!("poimen serve: host `{id}`, {workers} workers; SIGTERM or Ctrl-C stops it");
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("poimen serve: cannot listen for SIGTERM ({e}); Ctrl-C stops it");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let report = host.serve(opts, shutdown).await?;
+    if g.json {
+        print_json(&json!({
+            "host": id,
+            "driven": report.driven,
+            "handed_back": report.handed_back,
+        }))?;
+    } else {
+        eprintln!(
+            "poimen serve: stopped; drove {} run(s), handed back {}",
+            report.driven,
+            report.handed_back.len()
+        );
+    }
+    Ok(exit::OK)
 }
 
 async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {

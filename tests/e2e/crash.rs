@@ -98,6 +98,22 @@ fn run_and_kill_with(env: &Env, global: &[&str], wf: &Path, point: &str, input: 
                     run = Some(id.to_owned());
                 }
                 if line.contains(&marker) {
+                    // The crash point holds only the driving task: the run
+                    // id may still be on its way (another thread prints it,
+                    // another pipe carries it). Wait for it, then kill.
+                    while run.is_none() {
+                        match rx.recv_timeout(Duration::from_secs(30)) {
+                            Ok(l) => {
+                                if let Some(id) =
+                                    l.strip_prefix("out:").filter(|l| l.starts_with("WFR-"))
+                                {
+                                    run = Some(id.to_owned());
+                                }
+                                seen.push(l);
+                            }
+                            Err(_) => break,
+                        }
+                    }
                     break;
                 }
                 seen.push(line);

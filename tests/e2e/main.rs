@@ -6,6 +6,7 @@
 mod cli;
 mod crash;
 mod embed;
+mod hosts;
 mod mcp;
 mod shadow;
 mod support;

@@ -54,6 +54,7 @@ impl Env {
             .env_remove("POIMEN_POLICY")
             .env_remove("POIMEN_MODEL_URL")
             .env_remove("POIMEN_CRASH_AT")
+            .env_remove("POIMEN_STORE")
             .env("POIMEN_CACHE_DIR", shared_cache())
             .env("NO_COLOR", "1");
         c
@@ -67,6 +68,7 @@ impl Env {
             .env_remove("POIMEN_POLICY")
             .env_remove("POIMEN_MODEL_URL")
             .env_remove("POIMEN_CRASH_AT")
+            .env_remove("POIMEN_STORE")
             .env("POIMEN_CACHE_DIR", shared_cache());
         c
     }

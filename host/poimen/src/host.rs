@@ -130,6 +130,10 @@ impl From<CheckError> for Error {
 #[derive(Debug, Clone)]
 enum StoreChoice {
     Sqlite(PathBuf),
+    /// A store named by URL (`postgres://…`, `sqlite://PATH`, or a path).
+    Url(String),
+    /// A store the embedder opened.
+    Given(Arc<dyn Store>),
     Memory,
 }
 
@@ -180,6 +184,22 @@ impl HostBuilder {
     /// Keep versions and runs in the SQLite file at `path` (created if absent).
     pub fn store_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.store = StoreChoice::Sqlite(path.into());
+        self
+    }
+
+    /// Keep versions and runs in the store `url` names: `postgres://…` (a
+    /// PostgreSQL database several hosts may share), `sqlite://PATH`, or a
+    /// plain file path (SQLite). Checked when the host is built: any other
+    /// scheme is refused naming the accepted ones.
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store = StoreChoice::Url(url.into());
+        self
+    }
+
+    /// Keep versions and runs in a store the embedder opened (any
+    /// [`Store`] implementation).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = StoreChoice::Given(store);
         self
     }
 
@@ -236,8 +256,18 @@ impl HostBuilder {
 
     /// Opens the store, loads the plugins and starts the host.
     pub async fn build(self) -> Result<Host, Error> {
-        let store: Arc<dyn Store> = match &self.store {
+        // A URL naming an SQLite file is the same as a path.
+        let choice = match &self.store {
+            StoreChoice::Url(url) => match poimen_store::StoreUrl::parse(url)? {
+                poimen_store::StoreUrl::Sqlite(path) => StoreChoice::Sqlite(path),
+                _ => self.store.clone(),
+            },
+            other => other.clone(),
+        };
+        let store: Arc<dyn Store> = match &choice {
             StoreChoice::Sqlite(path) => Arc::new(SqliteStore::open(path.clone()).await?),
+            StoreChoice::Url(url) => poimen_store::open_store(url).await?,
+            StoreChoice::Given(store) => store.clone(),
             StoreChoice::Memory => Arc::new(MemoryStore::new()),
         };
         // A plugin whose declared capabilities the policy does not grant is
@@ -246,7 +276,7 @@ impl HostBuilder {
         let mut sb = poimen_sandbox::PluginHost::builder().withhold_ungranted(true);
         if let Some(dir) = &self.cache_dir {
             sb = sb.cache_dir(dir.clone());
-        } else if let StoreChoice::Sqlite(path) = &self.store
+        } else if let StoreChoice::Sqlite(path) = &choice
             && let Some(parent) = path.parent()
         {
             sb = sb.cache_dir(parent.join("cache"));

@@ -46,14 +46,7 @@ impl Wiring {
         config: ExecutorConfig,
     ) -> Wiring {
         let loader = Arc::new(StoreLoader::new(store.clone(), sandbox.clone()));
-        let executor = Executor::new(
-            store.clone(),
-            tools,
-            models,
-            clock,
-            loader.clone(),
-            config,
-        );
+        let executor = Executor::new(store.clone(), tools, models, clock, loader.clone(), config);
         Wiring {
             store,
             sandbox,

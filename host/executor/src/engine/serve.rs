@@ -171,6 +171,16 @@ impl Executor {
 
 fn log_done(done: Result<(RunId, Result<RunOutcome, RunError>), tokio::task::JoinError>) {
     match done {
+        // Halted while still running: the store refused a write (a lost
+        // lease, an unreachable store). The next claimer carries on.
+        Ok((run, Ok(o))) if o.status == poimen_store::RunStatus::Running => {
+            let reason = o.reason.unwrap_or_default();
+            if reason.contains("no longer holds") {
+                tracing::warn!(%run, "this host lost its lease on the run and stopped driving it: {reason}");
+            } else {
+                tracing::warn!(%run, "the run stopped; another claim resumes it: {reason}");
+            }
+        }
         Ok((run, Ok(o))) => tracing::info!(%run, status = %o.status, "run driven"),
         Ok((run, Err(RunError::Held { .. }))) => {
             tracing::debug!(%run, "run taken by another host")

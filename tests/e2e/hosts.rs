@@ -1,0 +1,614 @@
+//! Many hosts, one store: `poimen serve` processes sharing a PostgreSQL
+//! database (and one SQLite file), runs enqueued with `poimen start` (and,
+//! for volume, through the library), hosts killed with SIGKILL, frozen with
+//! SIGSTOP past their lease, and cut off from the server. Every run must end
+//! completed — or blocked `outcome_unknown` where a non-idempotent call was
+//! dispatched by a host that died — each committed effect must be in the
+//! ledger exactly once, every episode must refold, and no run may be lost.
+//!
+//! The PostgreSQL tests need a server: `POIMEN_TEST_PG` (default
+//! `postgres://postgres@127.0.0.1:5432/test`, trust auth). Each test creates
+//! a database of its own and drops it. Without a server they fail, saying
+//! how to start one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poimen::store::{RunFilter, RunRecord, RunStatus, Store};
+use serde_json::{Value, json};
+
+use crate::support::Env;
+
+const POLICY: &str = r#"
+[plugins.ledger]
+fs-write = { "/ledger" = "./ledger" }
+
+[plugins.ledger-idempotent]
+fs-write = { "/ledger" = "./ledger" }
+"#;
+
+/// A pure step, a fan-out with an idempotent effect in one branch, a
+/// non-idempotent effect, then a chain of pure steps (so runs are in flight
+/// long enough to be interrupted).
+fn workflow(charge: bool) -> String {
+    let mut wf = String::from(
+        r#"
+id: t.hosts
+steps:
+  - id: pure
+    tool: {name: "text@^0.1", args: {op: count, pattern: a, text: "{{ inputs.text }}"}}
+  - id: fan
+    parallel: {branches: [left, right], join: all}
+  - id: left
+    tool: {name: "text@^0.1", args: {op: count, pattern: b, text: "{{ inputs.text }}"}}
+  - id: right
+    tool: {name: "ledger-idempotent@^0.1", args: {file: idem.jsonl, entry: {n: "{{ inputs.n }}"}}}
+"#,
+    );
+    if charge {
+        wf.push_str(
+            r#"  - id: charge
+    tool: {name: "ledger@^0.1", args: {file: charge.jsonl, entry: {n: "{{ inputs.n }}"}}}
+"#,
+        );
+    }
+    for i in 0..6 {
+        wf.push_str(&format!(
+            "  - id: t{i}\n    tool: {{name: \"text@^0.1\", args: {{op: count, pattern: c, text: \"{{{{ inputs.text }}}}\"}}}}\n"
+        ));
+    }
+    wf.push_str("transitions:\n  - {from: pure, to: fan}\n");
+    let mut prev = "fan".to_owned();
+    if charge {
+        wf.push_str("  - {from: fan, to: charge}\n");
+        prev = "charge".to_owned();
+    }
+    for i in 0..6 {
+        wf.push_str(&format!("  - {{from: {prev}, to: t{i}}}\n"));
+        prev = format!("t{i}");
+    }
+    wf
+}
+
+// ------------------------------------------------------------- PostgreSQL
+
+/// The server the tests use.
+fn pg_base() -> String {
+    std::env::var("POIMEN_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn with_dbname(url: &str, name: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let authority = rest.split('/').next().unwrap_or(rest);
+    format!("{scheme}://{authority}/{name}")
+}
+
+async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            client
+        }
+        Err(e) => panic!(
+            "PostgreSQL is not reachable at {} ({e}). These tests need a server with trust \
+             auth for user postgres and a database `test`: start one with `service postgresql \
+             start` (or `pg_ctlcluster 15 main start`), or point POIMEN_TEST_PG at one",
+            poimen::store::redact_url(url)
+        ),
+    }
+}
+
+/// A database of this test's own, dropped at the end.
+struct PgDb {
+    name: String,
+    url: String,
+}
+
+impl PgDb {
+    async fn create(tag: &str) -> PgDb {
+        let name = format!("poimen_e2e_{tag}_{}", std::process::id());
+        let admin = pg_connect(&pg_base()).await;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .expect("drop a leftover database");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the test database");
+        PgDb {
+            url: with_dbname(&pg_base(), &name),
+            name,
+        }
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok((c, conn)) =
+                    tokio_postgres::connect(&pg_base(), tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    let _ = c
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+// ------------------------------------------------------------------ hosts
+
+/// A `poimen serve` process, killed when dropped.
+struct Served {
+    id: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Served {
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &self.pid()])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig} {}", self.id);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(env: &Env, store: &str, id: &str, ttl: &str) -> Served {
+    let log = env.path().join(format!("{id}.log"));
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = env
+        .std_cmd()
+        .args(["--store", store, "--policy", "policy.toml", "serve"])
+        .args(["--host-id", id, "--lease-ttl", ttl, "--poll", "20ms"])
+        .args(["--workers", "4", "--grace", "5s"])
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("spawn poimen serve");
+    Served {
+        id: id.to_owned(),
+        child,
+        log,
+    }
+}
+
+fn setup(env: &Env, charge: bool) -> PathBuf {
+    std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
+    env.write("policy.toml", POLICY);
+    env.write("wf.yaml", &workflow(charge))
+}
+
+/// Enqueues `n` runs (inputs `n = 0..n`): the first two with `poimen
+/// start`, the rest through the library (faster than a process each).
+/// Returns run id → n.
+async fn enqueue(env: &Env, store: &str, wf: &Path, n: u32) -> BTreeMap<String, u32> {
+    let mut runs = BTreeMap::new();
+    for i in 0..n.min(2) {
+        let out = env
+            .cmd()
+            .args(["--store", store, "--policy", "policy.toml", "start"])
+            .arg(wf)
+            .args(["--input", &json!({"text": "abc", "n": i}).to_string()])
+            .output()
+            .expect("poimen start");
+        assert!(
+            out.status.success(),
+            "poimen start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(id.starts_with("WFR-"), "{id}");
+        runs.insert(id, i);
+    }
+    let host = poimen::Host::builder()
+        .store_url(store)
+        .policy_file(env.path().join("policy.toml"))
+        .cache_dir(crate::support::shared_cache())
+        .build()
+        .await
+        .expect("library host");
+    let target = poimen::Target::File(wf.to_path_buf());
+    for i in n.min(2)..n {
+        let id = host
+            .enqueue(
+                &target,
+                json!({"text": "abc", "n": i}),
+                poimen::RunOptions::default(),
+            )
+            .await
+            .expect("enqueue");
+        runs.insert(id.to_string(), i);
+    }
+    runs
+}
+
+async fn all_runs(store: &dyn Store) -> Vec<RunRecord> {
+    store
+        .list_runs(RunFilter {
+            limit: Some(100_000),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("list runs")
+}
+
+fn settled(r: &RunRecord) -> bool {
+    !matches!(r.status, RunStatus::Queued | RunStatus::Running)
+}
+
+/// Waits until every run is settled (not queued, not running).
+async fn wait_settled(store: &dyn Store, n: usize, within: Duration, hosts: &[&Served]) {
+    let start = Instant::now();
+    loop {
+        let runs = all_runs(store).await;
+        if runs.len() == n && runs.iter().all(settled) {
+            return;
+        }
+        if start.elapsed() > within {
+            let open: Vec<String> = runs
+                .iter()
+                .filter(|r| !settled(r))
+                .map(|r| format!("{} {} {:?}", r.id, r.status, r.lease))
+                .collect();
+            let logs: Vec<String> = hosts
+                .iter()
+                .map(|h| format!("--- {}:\n{}", h.id, h.log()))
+                .collect();
+            panic!(
+                "{} of {n} runs still open after {within:?}: {open:?}\n{}",
+                open.len(),
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until at least `count` runs are settled.
+async fn wait_some_settled(store: &dyn Store, count: usize) {
+    let start = Instant::now();
+    loop {
+        if all_runs(store).await.iter().filter(|r| settled(r)).count() >= count {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "fewer than {count} runs ended in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// How many lines of a ledger file carry each `n`.
+fn ledger(env: &Env, file: &str) -> BTreeMap<u32, usize> {
+    let text = std::fs::read_to_string(env.path().join("ledger").join(file)).unwrap_or_default();
+    let mut counts = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let v: Value = serde_json::from_str(line).expect("a ledger line is JSON");
+        let n: u32 = v["entry"]["n"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| v["entry"]["n"].as_u64().map(|n| n as u32))
+            .expect("entry.n");
+        *counts.entry(n).or_default() += 1;
+    }
+    counts
+}
+
+/// Every run ended completed, or blocked `outcome_unknown`; each effect of
+/// a completed run is in its ledger once (a blocked run's at most once);
+/// every episode refolds to the stored status. Returns how many runs were
+/// taken over (their episode records a resumption).
+async fn check_outcomes(
+    env: &Env,
+    store: &dyn Store,
+    runs: &BTreeMap<String, u32>,
+    charge: bool,
+    dead: &[&str],
+) -> usize {
+    let idem = ledger(env, "idem.jsonl");
+    let charged = ledger(env, "charge.jsonl");
+    let stored = all_runs(store).await;
+    assert_eq!(stored.len(), runs.len(), "no run is lost, none is added");
+    let mut resumed = 0;
+    for rec in &stored {
+        let n = runs[rec.id.as_str()];
+        let events = store.events(&rec.id).await.expect("events");
+        let episode = poimen::executor::Episode::from_stored(rec.id.as_str(), &events)
+            .expect("the episode decodes");
+        let state = poimen::executor::refold(&episode).expect("the episode refolds");
+        assert_eq!(
+            state.status,
+            Some(rec.status),
+            "run {}: refold vs record",
+            rec.id
+        );
+        if events.iter().any(|e| e.kind == "run_resumed") {
+            resumed += 1;
+        }
+        // Hosts release what they drove; only a host killed (or cut off)
+        // between a run's last commit and its release leaves a lease behind.
+        assert!(
+            rec.lease
+                .as_ref()
+                .is_none_or(|l| dead.contains(&l.owner.as_str())),
+            "run {} is still held: {:?}",
+            rec.id,
+            rec.lease
+        );
+        match rec.status {
+            RunStatus::Completed => {
+                assert_eq!(
+                    idem.get(&n),
+                    Some(&1),
+                    "run {} (n={n}): idempotent effect",
+                    rec.id
+                );
+                if charge {
+                    assert_eq!(charged.get(&n), Some(&1), "run {} (n={n}): charge", rec.id);
+                }
+            }
+            RunStatus::Blocked => {
+                let reason = rec.reason.clone().unwrap_or_default();
+                assert!(
+                    reason.contains("outcome_unknown"),
+                    "run {}: {reason}",
+                    rec.id
+                );
+                assert!(
+                    charged.get(&n).copied().unwrap_or(0) <= 1,
+                    "n={n} charged twice"
+                );
+                assert!(idem.get(&n).copied().unwrap_or(0) <= 1, "n={n} idem twice");
+            }
+            other => panic!("run {} ended {other}: {:?}", rec.id, rec.reason),
+        }
+    }
+    resumed
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_once() {
+    let db = PgDb::create("kill").await;
+    let env = Env::new();
+    let wf = setup(&env, true);
+    let runs = enqueue(&env, &db.url, &wf, 120).await;
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    let a = serve(&env, &db.url, "host-a", "1s");
+    let b = serve(&env, &db.url, "host-b", "1s");
+    let c = serve(&env, &db.url, "host-c", "1s");
+    wait_some_settled(&*store, 30).await;
+    // SIGKILL a host mid-way: its runs stay leased to it until they expire.
+    let held: Vec<RunRecord> = all_runs(&*store)
+        .await
+        .into_iter()
+        .filter(|r| r.lease.as_ref().is_some_and(|l| l.owner == "host-a"))
+        .collect();
+    let mut a = a;
+    a.child.kill().expect("kill host-a");
+    let _ = a.child.wait();
+    let killed = Instant::now();
+    // Its runs are taken over within lease expiry (1 s) + one heartbeat
+    // (1/3 s) — with slack for polls and a loaded 2-core machine.
+    loop {
+        let mut still = 0;
+        for r in &held {
+            let rec = store.run(&r.id).await.expect("run").expect("stored");
+            if !settled(&rec) && rec.lease.as_ref().is_some_and(|l| l.owner == "host-a") {
+                still += 1;
+            }
+        }
+        if still == 0 {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(4),
+            "{still} of host-a's runs not taken over {:?} after the kill",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let taken_over = killed.elapsed();
+    // Lease expiry (1 s) + one heartbeat (1/3 s) + polls and the work left.
+    wait_settled(&*store, runs.len(), Duration::from_secs(60), &[&b, &c]).await;
+    let took = killed.elapsed();
+    let resumed = check_outcomes(&env, &*store, &runs, true, &["host-a"]).await;
+    let blocked = all_runs(&*store)
+        .await
+        .iter()
+        .filter(|r| r.status == RunStatus::Blocked)
+        .count();
+    eprintln!(
+        "host-a held {} runs when killed; taken over after {taken_over:?}; {resumed} runs resumed, {blocked} blocked; settled {took:?} after the kill",
+        held.len()
+    );
+    assert!(!held.is_empty(), "host-a held runs when it was killed");
+    for r in &held {
+        let rec = store.run(&r.id).await.expect("run").expect("stored");
+        assert!(
+            settled(&rec),
+            "host-a's run {} was taken over and settled",
+            r.id
+        );
+    }
+    assert!(
+        held.is_empty() || resumed > 0,
+        "host-a held {} runs when killed; some must have been taken over (resumed)",
+        held.len()
+    );
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    drop((b, c));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_host_past_its_lease_is_fenced_out_and_duplicates_nothing() {
+    let db = PgDb::create("zombie").await;
+    let env = Env::new();
+    let wf = setup(&env, true);
+    let runs = enqueue(&env, &db.url, &wf, 24).await;
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    let a = serve(&env, &db.url, "zombie", "1s");
+    // Wait until the zombie-to-be holds runs in flight, then freeze it.
+    let start = Instant::now();
+    loop {
+        let runs_now = all_runs(&*store).await;
+        if runs_now.iter().any(|r| {
+            r.status == RunStatus::Running && r.lease.as_ref().is_some_and(|l| l.owner == "zombie")
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "host never claimed a run"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.signal("-STOP");
+    let frozen: Vec<RunRecord> = all_runs(&*store)
+        .await
+        .into_iter()
+        .filter(|r| r.lease.as_ref().is_some_and(|l| l.owner == "zombie") && !settled(r))
+        .collect();
+    assert!(!frozen.is_empty());
+    // Past its lease, another host takes its runs over and finishes them all.
+    let b = serve(&env, &db.url, "taker", "1s");
+    wait_settled(&*store, runs.len(), Duration::from_secs(60), &[&b]).await;
+    // The zombie wakes up: its next write is refused and it lets go.
+    a.signal("-CONT");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let resumed = check_outcomes(&env, &*store, &runs, true, &[]).await;
+    eprintln!(
+        "zombie held {} runs when frozen; {resumed} resumed; its log:\n{}",
+        frozen.len(),
+        a.log()
+    );
+    assert!(resumed > 0, "the taker resumed the frozen host's runs");
+    for r in &frozen {
+        let rec = store.run(&r.id).await.expect("run").expect("stored");
+        assert!(settled(&rec), "{} settled", r.id);
+    }
+    // Nothing the zombie wrote after waking landed: every episode is still
+    // the one the taker finished (check_outcomes refolded each), and the
+    // zombie says it lost its leases.
+    let log = a.log();
+    assert!(log.contains("lost its lease"), "the zombie's log: {log}");
+    a.signal("-TERM");
+    drop((a, b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_connections_are_terminated_reconnects_and_loses_nothing() {
+    let db = PgDb::create("conn").await;
+    let env = Env::new();
+    let wf = setup(&env, false);
+    let runs = enqueue(&env, &db.url, &wf, 40).await;
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    let a = serve(&env, &db.url, "host-a", "2s");
+    wait_some_settled(&*store, 5).await;
+    let admin = pg_connect(&pg_base()).await;
+    for _ in 0..3 {
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid() AND application_name <> 'psql'",
+                &[&db.name],
+            )
+            .await
+            .expect("terminate backends");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // The test's own store lost its connections too: a fresh one.
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    wait_settled(&*store, runs.len(), Duration::from_secs(60), &[&a]).await;
+    // A release cut off with its connection leaves the lease of a run
+    // that ended (harmless: it expires, and an ended run is never claimed).
+    check_outcomes(&env, &*store, &runs, false, &["host-a"]).await;
+    for r in all_runs(&*store).await {
+        assert_eq!(r.status, RunStatus::Completed, "{}: {:?}", r.id, r.reason);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_one_sqlite_file_never_drive_a_run_twice() {
+    let env = Env::new();
+    let wf = setup(&env, true);
+    let file = env.path().join("shared.db");
+    let url = file.to_str().expect("utf8").to_owned();
+    let runs = enqueue(&env, &url, &wf, 30).await;
+    let store: Arc<dyn Store> = poimen::store::open_store(&url).await.expect("store");
+    let a = serve(&env, &url, "sq-a", "1s");
+    let b = serve(&env, &url, "sq-b", "1s");
+    wait_some_settled(&*store, 8).await;
+    let mut a = a;
+    a.child.kill().expect("kill sq-a");
+    let _ = a.child.wait();
+    wait_settled(&*store, runs.len(), Duration::from_secs(60), &[&b]).await;
+    check_outcomes(&env, &*store, &runs, true, &["sq-a"]).await;
+}
+
+#[test]
+fn store_urls_that_cannot_be_used_get_specific_errors() {
+    let env = Env::new();
+    let cases: [(&str, &str); 3] = [
+        ("postgres://postgres@127.0.0.1:1/test", "127.0.0.1:1"),
+        ("postgres://nobody_xyz@127.0.0.1:5432/test", "nobody_xyz"),
+        ("mysql://root@127.0.0.1/test", "postgres://"),
+    ];
+    for (url, names) in cases {
+        let out = env
+            .cmd()
+            .args(["--store", url, "status"])
+            .output()
+            .expect("poimen");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{url}: {err}");
+        assert!(err.contains(names), "{url}: {err}");
+        assert!(!err.contains("panicked"), "{url}: {err}");
+    }
+    // POIMEN_STORE names the store when --store does not.
+    let out = env
+        .cmd()
+        .env("POIMEN_STORE", "mysql://root@127.0.0.1/test")
+        .args(["status"])
+        .output()
+        .expect("poimen");
+    assert_eq!(out.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mysql://"));
+}
