@@ -1,0 +1,270 @@
+//! Many hosts, one store: what a durable tool step costs on PostgreSQL
+//! beside SQLite, and how throughput moves with the number of hosts.
+//!
+//! - `step`: per durable tool step, sequential, one host — the slope
+//!   between a 1-step and a 10-step chain of the pure `json` tool, which
+//!   cancels the run's start and end — on SQLite and on PostgreSQL, in the
+//!   same run.
+//! - `hosts`: 64 concurrent runs at a time of the 10-step chain (enqueued,
+//!   then served), drained by 1, 2 and 3 serving hosts on one PostgreSQL
+//!   database (and 1 host on SQLite), runs/s. The hosts are `Executor`s of
+//!   their own (own host id, own connection pool, own sandbox) in one
+//!   process: the store's contention is what is measured; the process's two
+//!   cores are shared as they would be by processes on this machine.
+//!
+//! `cargo bench -p poimen --bench hosts`. Needs the PostgreSQL server at
+//! `POIMEN_TEST_PG` (default `postgres://postgres@127.0.0.1:5432/test`); it
+//! creates and drops a database of its own.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poimen::wiring::Wiring;
+use poimen_executor::model::ScriptedProvider;
+use poimen_executor::{ExecutorConfig, ServeOptions, StartOptions, SystemClock};
+use poimen_store::{RunFilter, RunStatus, Store};
+use poimen_workflow::{StepDef, ToolRef, WorkflowDef};
+use serde_json::json;
+
+fn chain(n: usize) -> WorkflowDef {
+    let mut def = WorkflowDef::new(format!("bench.hosts{n}"));
+    for i in 0..n {
+        let value = if i == 0 {
+            json!({"n": "{{ inputs.n }}"})
+        } else {
+            json!(format!("{{{{ steps.s{}.output }}}}", i - 1))
+        };
+        def = def.with_step(StepDef::tool(
+            format!("s{i}"),
+            ToolRef::parse("json@^0.1").expect("tool ref"),
+            json!({"value": value, "select": ""}),
+        ));
+        if i > 0 {
+            def = def.with_edge(format!("s{}", i - 1), format!("s{i}"));
+        }
+    }
+    def
+}
+
+async fn wiring(store: Arc<dyn Store>, cache: &Path, id: &str) -> Wiring {
+    let mut b = poimen_sandbox::PluginHost::builder().cache_dir(cache.to_path_buf());
+    for p in plugin_artifacts::BUNDLED {
+        b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
+    }
+    let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
+    Wiring::new(
+        store,
+        sandbox,
+        Arc::new(ScriptedProvider::new(vec![])),
+        Arc::new(SystemClock),
+        ExecutorConfig::host(id),
+    )
+}
+
+async fn runnable(w: &Wiring, n: usize) -> Arc<poimen_executor::Runnable> {
+    let v = poimen::check(&*w.store, &w.sandbox, &chain(n))
+        .await
+        .expect("validates");
+    w.loader.runnable(v)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Per-step cost (µs) of a sequential durable tool step on `store`:
+/// median over `rounds` of (t10 − t1) / 9, each t a mean of `reps` runs.
+async fn per_step(w: &Wiring, rounds: usize, reps: usize) -> f64 {
+    let one = runnable(w, 1).await;
+    let ten = runnable(w, 10).await;
+    let mut slopes = Vec::new();
+    let mut n = 0u64;
+    for _ in 0..rounds {
+        let mut t = [0.0f64; 2];
+        for (k, r) in [&one, &ten].into_iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..reps {
+                n += 1;
+                let out = w
+                    .executor
+                    .run(r.clone(), json!({"n": n}), StartOptions::default())
+                    .await
+                    .expect("run");
+                assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+            }
+            t[k] = start.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        }
+        slopes.push((t[1] - t[0]) / 9.0);
+    }
+    median(slopes)
+}
+
+/// Runs/s of `hosts` serving hosts draining `total` enqueued 10-step runs,
+/// at most `64 / hosts` driven by each (64 at a time in all).
+async fn throughput(stores: Vec<Arc<dyn Store>>, cache: &Path, total: u64, tag: &str) -> f64 {
+    let hosts = stores.len();
+    let mut ws = Vec::new();
+    for (i, s) in stores.into_iter().enumerate() {
+        ws.push(wiring(s, cache, &format!("{tag}-{i}")).await);
+    }
+    let r = runnable(&ws[0], 10).await;
+    for n in 0..total {
+        ws[0]
+            .executor
+            .enqueue(r.clone(), json!({"n": n}), StartOptions::default())
+            .await
+            .expect("enqueue");
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in &ws {
+        let exec = w.executor.clone();
+        let mut rx = stop_rx.clone();
+        let opts = ServeOptions {
+            workers: 64 / hosts,
+            poll: Duration::from_millis(5),
+            grace: Duration::from_secs(30),
+        };
+        tasks.push(tokio::spawn(async move {
+            exec.serve(opts, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await
+            .expect("serve")
+        }));
+    }
+    let store = ws[0].store.clone();
+    loop {
+        let done = store
+            .list_runs(RunFilter {
+                status: Some(RunStatus::Completed),
+                limit: Some(u32::MAX),
+                ..RunFilter::default()
+            })
+            .await
+            .expect("list")
+            .len() as u64;
+        if done >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    total as f64 / secs
+}
+
+async fn pg_admin(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL is not reachable at {url} ({e}): `service postgresql start`")
+        });
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    c
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not: then
+    // only check that this compiles.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let base = std::env::var("POIMEN_TEST_PG")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hosts-bench");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("bench dir");
+        let cache = dir.join("cache");
+        let admin = pg_admin(&base).await;
+        let fresh = |tag: &str| {
+            let name = format!("poimen_bench_{tag}_{}", std::process::id());
+            let (scheme, rest) = base.split_once("://").expect("url");
+            let authority = rest.split('/').next().unwrap_or(rest).to_owned();
+            (name.clone(), format!("{scheme}://{authority}/{name}"))
+        };
+        let mut dbs = Vec::new();
+        let open_pg = async |tag: &str| -> (String, String) {
+            let (name, url) = fresh(tag);
+            admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await
+                .expect("drop database");
+            admin
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .expect("create database");
+            (name, url)
+        };
+
+        // Per step, sequential, one host.
+        let sqlite: Arc<dyn Store> = Arc::new(
+            poimen_store::SqliteStore::open(dir.join("step.db"))
+                .await
+                .expect("sqlite"),
+        );
+        let (name, url) = open_pg("step").await;
+        dbs.push(name);
+        let pg: Arc<dyn Store> = poimen_store::open_store(&url).await.expect("pg");
+        let ws = wiring(sqlite, &cache, "step").await;
+        let wp = wiring(pg, &cache, "step").await;
+        // Warm both (compile cache, prepared statements, pool).
+        per_step(&ws, 1, 2).await;
+        per_step(&wp, 1, 2).await;
+        let mut s_sqlite = Vec::new();
+        let mut s_pg = Vec::new();
+        for _ in 0..3 {
+            s_sqlite.push(per_step(&ws, 5, 5).await);
+            s_pg.push(per_step(&wp, 5, 5).await);
+        }
+        println!(
+            "step: durable tool step, sequential, one host: SQLite {:.0} µs, PostgreSQL {:.0} µs (medians of {:?} / {:?})",
+            median(s_sqlite.clone()),
+            median(s_pg.clone()),
+            s_sqlite.iter().map(|v| v.round()).collect::<Vec<_>>(),
+            s_pg.iter().map(|v| v.round()).collect::<Vec<_>>()
+        );
+
+        // Throughput with 1, 2, 3 hosts.
+        let total = 640;
+        let sq: Arc<dyn Store> = Arc::new(
+            poimen_store::SqliteStore::open(dir.join("hosts.db"))
+                .await
+                .expect("sqlite"),
+        );
+        let r = throughput(vec![sq], &cache, total, "sq").await;
+        println!("hosts: SQLite, 1 host, 64 concurrent: {r:.0} runs/s ({:.0} steps/s)", r * 10.0);
+        for hosts in 1..=3 {
+            let (name, url) = open_pg(&format!("h{hosts}")).await;
+            dbs.push(name);
+            let mut stores = Vec::new();
+            for _ in 0..hosts {
+                stores.push(poimen_store::open_store(&url).await.expect("pg"));
+            }
+            let r = throughput(stores, &cache, total, &format!("pg{hosts}")).await;
+            println!(
+                "hosts: PostgreSQL, {hosts} host(s), 64 concurrent: {r:.0} runs/s ({:.0} steps/s)",
+                r * 10.0
+            );
+        }
+        for name in dbs {
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        }
+    });
+}
