@@ -319,7 +319,15 @@ pub enum PluginCmd {
     Inspect { file: PathBuf },
     /// Copy a component into the store's plugin directory under its digest.
     #[command(after_help = "Example: poimen plugin add my_tool.wasm")]
-    Add { file: PathBuf },
+    Add {
+        file: PathBuf,
+        /// Replace an added component of the same name and version (another digest).
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Remove an added component (every version, or NAME@VERSION).
+    #[command(after_help = "Example: poimen plugin remove my-tool@0.1.0")]
+    Remove { plugin: String },
     /// Invoke a tool through the host, with a hostcall record.
     #[command(
         after_help = "Example: poimen plugin call text '{\"op\": \"count\", \"pattern\": \"o\", \"text\": \"foo\"}'"

@@ -1033,10 +1033,22 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                     "withheld": w.reason,
                 }));
             }
+            for r in host.refused_plugins() {
+                rows.push(json!({
+                    "origin": r.origin,
+                    "status": "refused",
+                    "refused": r.reason,
+                }));
+            }
             if g.json {
                 print_json(&rows)?;
             } else {
                 for r in &rows {
+                    if let Some(why) = r["refused"].as_str() {
+                        println!("{:<10} {}", "refused", r["origin"].as_str().unwrap_or(""));
+                        println!("{:<10} {why}", "");
+                        continue;
+                    }
                     println!(
                         "{:<10} {:<20} {:<8} {:<15} {:<15} {}",
                         r["kind"].as_str().unwrap_or(""),
@@ -1118,7 +1130,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 exit::INVALID
             })
         }
-        PluginCmd::Add { file } => {
+        PluginCmd::Add { file, replace } => {
             let bytes = read_component(&file)?;
             let i = host.inspect_plugin(bytes.clone()).await?;
             if !i.problems.is_empty() {
@@ -1130,6 +1142,48 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 .into());
             }
             let dir = plugin_store_dir(g)?;
+            let (name, version) = (&i.info.name, i.info.version.to_string());
+            let installed: Vec<poimen::sandbox::Entry> =
+                host.tools().into_iter().chain(host.verifiers()).collect();
+            // A first-party name is not for third parties: it would be served
+            // for `NAME@^x` with the first-party grant.
+            // (A bundled plugin withheld for want of a grant keeps its name.)
+            let taken = installed
+                .iter()
+                .map(|e| (&e.info, &e.origin))
+                .chain(
+                    host.withheld_plugins()
+                        .iter()
+                        .map(|w| (&w.info, &w.origin))
+                        .collect::<Vec<_>>(),
+                )
+                .find(|(info, origin)| &info.name == name && !Path::new(origin).starts_with(&dir))
+                .map(|(info, origin)| (origin.clone(), info.version.to_string()));
+            if let Some((origin, their_version)) = taken {
+                return Err(Invalid(format!(
+                    "{}: names itself `{name}`, which {origin} already provides ({name} {their_version}); rename the component (the `NAME` of its tool or verifier) — a first-party or embedder-given name cannot be taken",
+                    file.display(),
+                ))
+                .into());
+            }
+            let same: Vec<&poimen::sandbox::Entry> = installed
+                .iter()
+                .filter(|e| &e.info.name == name && e.info.version.to_string() == version)
+                .collect();
+            if let Some(old) = same.iter().find(|e| e.info.digest != i.info.digest) {
+                if !replace {
+                    return Err(Invalid(format!(
+                        "{name} {version} is already added with another component ({}, digest {}); add it under a new version, or pass --replace to replace that one (runs that pinned the old digest then fail naming it)",
+                        old.origin,
+                        short(&old.info.digest)
+                    ))
+                    .into());
+                }
+                for o in &same {
+                    std::fs::remove_file(&o.origin)
+                        .with_context(|| format!("cannot remove {}", o.origin))?;
+                }
+            }
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let hex = i.info.digest.trim_start_matches("b3:");
@@ -1156,6 +1210,62 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                     i.info.version,
                     dest.display()
                 );
+            }
+            Ok(exit::OK)
+        }
+        PluginCmd::Remove { plugin } => {
+            let (name, version) = match plugin.split_once('@') {
+                Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
+                None => (plugin.clone(), None),
+            };
+            let dir = plugin_store_dir(g)?;
+            let mut origins: Vec<(String, String)> = host
+                .tools()
+                .into_iter()
+                .chain(host.verifiers())
+                .map(|e| (e.info.name, e.info.version.to_string(), e.origin))
+                .chain(
+                    host.withheld_plugins()
+                        .into_iter()
+                        .map(|w| (w.info.name, w.info.version.to_string(), w.origin)),
+                )
+                .filter(|(n, v, _)| *n == name && version.as_ref().is_none_or(|want| want == v))
+                .map(|(_, v, o)| (v, o))
+                .collect();
+            origins.sort();
+            origins.dedup();
+            if origins.is_empty() {
+                return Err(Usage(format!(
+                    "no plugin `{plugin}` is installed; `poimen plugin list` shows what is"
+                ))
+                .into());
+            }
+            if let Some((_, o)) = origins
+                .iter()
+                .find(|(_, o)| !Path::new(o).starts_with(&dir))
+            {
+                return Err(Usage(format!(
+                    "`{plugin}` comes from {o}, not from this store's plugin directory {}: it cannot be removed here",
+                    dir.display()
+                ))
+                .into());
+            }
+            let mut removed = Vec::new();
+            for (v, o) in &origins {
+                std::fs::remove_file(o).with_context(|| format!("cannot remove {o}"))?;
+                removed.push(json!({"name": name, "version": v, "path": o}));
+            }
+            if g.json {
+                print_json(&removed)?;
+            } else {
+                for r in &removed {
+                    println!(
+                        "{} {} removed ({})",
+                        name,
+                        r["version"].as_str().unwrap_or(""),
+                        r["path"].as_str().unwrap_or("")
+                    );
+                }
             }
             Ok(exit::OK)
         }

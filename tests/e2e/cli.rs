@@ -591,6 +591,123 @@ fn plugin_list_inspect_add_call() {
         .stderr(predicate::str::contains("did you mean text"));
 }
 
+/// The same component with a custom section appended: same name, version
+/// and behaviour, another digest (a rebuild, as far as the host can tell).
+fn rebuilt(env: &Env, path: &str, name: &str) -> String {
+    let mut bytes = std::fs::read(path).expect("component");
+    let payload = b"rebuilt";
+    let section_name = b"poimen-test";
+    let size = 1 + section_name.len() + payload.len();
+    bytes.push(0); // custom section
+    bytes.push(size as u8);
+    bytes.push(section_name.len() as u8);
+    bytes.extend_from_slice(section_name);
+    bytes.extend_from_slice(payload);
+    let out = env.path().join(name);
+    std::fs::write(&out, bytes).expect("write");
+    out.to_str().expect("utf8").to_owned()
+}
+
+#[test]
+fn plugin_identity_is_bound_to_digests_and_first_party_names_are_reserved() {
+    let env = Env::new();
+    // A third party naming itself `fs-read`: refused by `plugin add`.
+    let out = env
+        .cmd()
+        .args(["plugin", "add", plugin_artifacts::ADV_IMPOSTOR])
+        .output()
+        .expect("poimen");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("names itself `fs-read`"), "{err}");
+    assert!(err.contains("bundled:fs_read"), "{err}");
+    // Dropped into the plugin directory by hand, it never stops the host:
+    // every command works, `plugin list` shows it refused, and `fs-read`
+    // stays the bundled one.
+    let plugins = env.path().join("home").join("plugins");
+    std::fs::create_dir_all(&plugins).expect("mkdir");
+    std::fs::copy(
+        plugin_artifacts::ADV_IMPOSTOR,
+        plugins.join("impostor.wasm"),
+    )
+    .expect("copy");
+    let (code, list) = env.json(&["plugin", "list"]);
+    assert_eq!(code, 0, "{list}");
+    let rows = list.as_array().expect("rows");
+    let refused: Vec<&Value> = rows.iter().filter(|r| r["status"] == "refused").collect();
+    assert_eq!(refused.len(), 1, "{list}");
+    assert!(
+        refused[0]["refused"]
+            .as_str()
+            .unwrap_or("")
+            .contains("a name reserved by the bundled component"),
+        "{list}"
+    );
+    let fs: Vec<&Value> = rows.iter().filter(|r| r["name"] == "fs-read").collect();
+    assert_eq!(fs.len(), 1, "{list}");
+    assert_eq!(fs[0]["version"], "0.1.0");
+    std::fs::remove_file(plugins.join("impostor.wasm")).expect("rm");
+
+    // The same name and version with another digest: refused, unless
+    // --replace; then the old file is gone and the new digest is served.
+    let a = rebuilt(&env, plugin_artifacts::ADV_PANIC, "a.wasm");
+    let b = rebuilt(&env, &a, "b.wasm");
+    let (code, first) = env.json(&["plugin", "add", &a]);
+    assert_eq!(code, 0, "{first}");
+    let out = env
+        .cmd()
+        .args(["plugin", "add", &b])
+        .output()
+        .expect("poimen");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("already added with another component"),
+        "{err}"
+    );
+    assert!(err.contains("--replace"), "{err}");
+    let (code, second) = env.json(&["plugin", "add", &b, "--replace"]);
+    assert_eq!(code, 0, "{second}");
+    assert_ne!(first["digest"], second["digest"]);
+    assert!(!std::path::Path::new(first["path"].as_str().expect("path")).exists());
+    let (_, list) = env.json(&["plugin", "list"]);
+    let panics: Vec<&Value> = list
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["name"] == "adv-panic")
+        .collect();
+    assert_eq!(panics.len(), 1, "{list}");
+    assert_eq!(panics[0]["digest"], second["digest"]);
+    // Adding the very same component again is no conflict.
+    let (code, again) = env.json(&["plugin", "add", &b]);
+    assert_eq!(code, 0, "{again}");
+
+    // remove: the added one goes; a bundled one cannot be removed here.
+    let (code, removed) = env.json(&["plugin", "remove", "adv-panic@0.1.0"]);
+    assert_eq!(code, 0, "{removed}");
+    let (_, list) = env.json(&["plugin", "list"]);
+    assert!(
+        list.as_array()
+            .expect("rows")
+            .iter()
+            .all(|r| r["name"] != "adv-panic"),
+        "{list}"
+    );
+    env.cmd()
+        .args(["plugin", "remove", "adv-panic"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "no plugin `adv-panic` is installed",
+        ));
+    env.cmd()
+        .args(["plugin", "remove", "text"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot be removed here"));
+}
+
 #[test]
 fn completions_and_help() {
     let env = Env::new();

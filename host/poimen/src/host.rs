@@ -1026,6 +1026,12 @@ impl Host {
         self.inner.sandbox().withheld()
     }
 
+    /// Installed plugin files the host refused to load (it started without
+    /// them), each with the reason.
+    pub fn refused_plugins(&self) -> Vec<poimen_sandbox::RefusedEntry> {
+        self.inner.sandbox().refused()
+    }
+
     /// What a component says and imports, without registering it.
     pub async fn inspect_plugin(
         &self,

@@ -217,6 +217,14 @@ pub enum LoadError {
         hint: String,
     },
     #[error(
+        "{origin}: names itself `{name}`, a name reserved by the bundled component {owner}; a third-party component cannot take a first-party name — rename it (the `NAME` of its tool or verifier)"
+    )]
+    ReservedName {
+        name: String,
+        origin: String,
+        owner: String,
+    },
+    #[error(
         "`{name}@{version}` is registered twice with different components: {first} and {second}"
     )]
     Conflict {
@@ -239,7 +247,8 @@ impl LoadError {
             | LoadError::Describe { origin, .. }
             | LoadError::BadDescriptor { origin, .. }
             | LoadError::UndeclaredImport { origin, .. }
-            | LoadError::CapabilityDenied { origin, .. } => origin,
+            | LoadError::CapabilityDenied { origin, .. }
+            | LoadError::ReservedName { origin, .. } => origin,
             LoadError::Conflict { second, .. } => second,
         }
     }

@@ -56,4 +56,4 @@ pub use poimen_workflow::{
 pub use poimen_workflow::{ToolRegistry, VerifierRegistry};
 pub use policy::{Grant, LimitOverrides, Policy, PolicySource};
 pub use record::{HostcallRecord, WIT_PACKAGE};
-pub use registry::{Entry, PluginKind, WithheldEntry};
+pub use registry::{Entry, PluginKind, RefusedEntry, WithheldEntry};

@@ -115,6 +115,16 @@ pub struct WithheldEntry {
     pub reason: String,
 }
 
+/// A component the host refused to load, and why: the host started
+/// without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedEntry {
+    /// Where the component came from (its file).
+    pub origin: String,
+    /// Why it was refused and what to do (the load error's message).
+    pub reason: String,
+}
+
 /// Everything loaded, by kind then name, versions ascending.
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -122,6 +132,13 @@ pub(crate) struct Registry {
     verifiers: BTreeMap<String, Vec<Arc<Loaded>>>,
     /// Components withheld for want of a grant.
     withheld: Vec<WithheldEntry>,
+    /// Components from plugin directories the host refused (it started
+    /// without them).
+    refused: Vec<RefusedEntry>,
+    /// Names taken by the components the embedder gave the builder (the
+    /// bundled first-party plugins): name → where it came from. No other
+    /// component may register under them.
+    reserved: BTreeMap<String, String>,
     /// Where components were loaded from, in words.
     pub sources: Vec<String>,
 }
@@ -240,6 +257,37 @@ impl Registry {
     /// Every withheld component, in load order.
     pub fn withheld(&self) -> Vec<WithheldEntry> {
         self.withheld.clone()
+    }
+
+    /// Records a component refused at build.
+    pub fn refuse(&mut self, entry: RefusedEntry) {
+        if !self.refused.contains(&entry) {
+            self.refused.push(entry);
+        }
+    }
+
+    /// Every refused component, in load order.
+    pub fn refused(&self) -> Vec<RefusedEntry> {
+        self.refused.clone()
+    }
+
+    /// Reserves `name` for the component loaded from `origin`.
+    pub fn reserve(&mut self, name: &str, origin: &str) {
+        self.reserved
+            .entry(name.to_owned())
+            .or_insert_with(|| origin.to_owned());
+    }
+
+    /// Who reserved `name`, unless a component with `digest` is registered
+    /// under it (loading the very same component again is no conflict).
+    pub fn reserved_against(&self, name: &str, digest: &str) -> Option<String> {
+        let owner = self.reserved.get(name)?;
+        let same = [&self.tools, &self.verifiers]
+            .into_iter()
+            .filter_map(|m| m.get(name))
+            .flatten()
+            .any(|l| l.info.digest == digest);
+        (!same).then(|| owner.clone())
     }
 
     pub fn list(&self, kind: PluginKind) -> Vec<Entry> {

@@ -42,7 +42,12 @@ impl PluginHostBuilder {
     /// At build, a component that declares a capability the policy does not
     /// grant is withheld (listed by [`PluginHost::withheld`], and every attempt to
     /// resolve it fails with [`InvokeError::Withheld`] naming the capability
-    /// and how to grant it) instead of failing the whole build. Default off:
+    /// and how to grant it) instead of failing the whole build; and a
+    /// component from a plugin directory that cannot be loaded at all (not
+    /// a component, an undeclared import, a name reserved by a component
+    /// given with [`component_bytes`](Self::component_bytes), a second
+    /// component under a registered name and version) is refused alone,
+    /// listed by [`PluginHost::refused`] with its reason. Default off:
     /// every refusal fails the build.
     pub fn withhold_ungranted(mut self, on: bool) -> Self {
         self.withhold_ungranted = on;
@@ -175,16 +180,38 @@ impl PluginHostBuilder {
             }),
         };
         let mut refused = Vec::new();
-        for (origin, bytes) in self.components.into_iter().chain(components) {
+        // The embedder's components first: their names are reserved, so no
+        // component from a plugin directory can take one (and be served
+        // under a first-party name, with its grants).
+        for (origin, bytes) in self.components {
+            match host
+                .load_inner(origin, bytes, self.withhold_ungranted)
+                .await
+            {
+                Ok(entry) => host.reserve(&entry.info.name, &entry.origin),
+                // A withheld component is recorded, not refused; its name
+                // stays reserved (no one else may take it while it waits
+                // for a grant).
+                Err(LoadError::CapabilityDenied {
+                    component, origin, ..
+                }) if self.withhold_ungranted => host.reserve(&component, &origin),
+                Err(e) => refused.push(e),
+            }
+        }
+        for (origin, bytes) in components {
             if let Err(e) = host
                 .load_inner(origin, bytes, self.withhold_ungranted)
                 .await
             {
-                // A withheld component is recorded, not refused.
-                let withheld =
-                    self.withhold_ungranted && matches!(e, LoadError::CapabilityDenied { .. });
-                if !withheld {
+                if !self.withhold_ungranted {
                     refused.push(e);
+                } else if !matches!(e, LoadError::CapabilityDenied { .. }) {
+                    // Tolerant: one bad file in a plugin directory never
+                    // stops the host; it is listed with its reason.
+                    host.refuse(crate::registry::RefusedEntry {
+                        origin: e.origin().to_owned(),
+                        reason: e.to_string(),
+                    });
                 }
             }
         }

@@ -267,6 +267,19 @@ impl PluginHost {
         withhold: bool,
     ) -> Result<crate::registry::Entry, LoadError> {
         let c = self.check(&origin, bytes).await?;
+        let reserved = self
+            .inner
+            .registry
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reserved_against(&c.info.name, &c.info.digest);
+        if let Some(owner) = reserved {
+            return Err(LoadError::ReservedName {
+                name: c.info.name,
+                origin,
+                owner,
+            });
+        }
         if let Some((import, needs)) = c.undeclared.first() {
             return Err(LoadError::UndeclaredImport {
                 component: c.info.name,

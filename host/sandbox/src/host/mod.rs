@@ -109,6 +109,29 @@ impl PluginHost {
     pub fn withheld(&self) -> Vec<crate::registry::WithheldEntry> {
         self.with_registry(|r| r.withheld())
     }
+
+    /// Components from plugin directories refused at build in tolerant
+    /// mode ([`PluginHostBuilder::withhold_ungranted`]): the host started
+    /// without them.
+    pub fn refused(&self) -> Vec<crate::registry::RefusedEntry> {
+        self.with_registry(|r| r.refused())
+    }
+
+    fn registry_mut<T>(&self, f: impl FnOnce(&mut crate::registry::Registry) -> T) -> T {
+        f(&mut self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(super) fn reserve(&self, name: &str, origin: &str) {
+        self.registry_mut(|r| r.reserve(name, origin));
+    }
+
+    pub(super) fn refuse(&self, entry: crate::registry::RefusedEntry) {
+        self.registry_mut(|r| r.refuse(entry));
+    }
 }
 
 /// The tool registry of a [`PluginHost`]: resolves references for the validator

@@ -684,3 +684,95 @@ pub(crate) async fn adv_undeclared_http() {
     assert!(matches!(e, LoadError::UndeclaredImport { .. }), "{e:?}");
     still_healthy(&w.host).await;
 }
+
+#[tokio::test]
+pub(crate) async fn adv_impostor() {
+    // A plugin directory holding a third-party component that names itself
+    // `fs-read` 0.1.9, beside the bundled `fs-read` 0.1.0.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).expect("mkdir");
+    let file = plugins.join("impostor.wasm");
+    std::fs::copy(plugin_artifacts::ADV_IMPOSTOR, &file).expect("copy");
+    let policy = || {
+        Policy::in_code()
+            .grant_fs_read("fs-read", "/data", &data)
+            .expect("policy")
+    };
+    let real = bytes(plugin_artifacts::FS_READ);
+
+    // Tolerant (as poimen runs): the host starts; the impostor is refused,
+    // naming the reservation; `fs-read@^0.1` is still the bundled one.
+    let host = support::builder()
+        .policy(policy())
+        .component_bytes("bundled:fs-read", real.clone())
+        .plugin_dir(&plugins)
+        .withhold_ungranted(true)
+        .build()
+        .await
+        .expect("one bad plugin file never stops the host");
+    let refused = host.refused();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].origin, file.display().to_string());
+    assert!(
+        refused[0].reason.contains(
+            "names itself `fs-read`, a name reserved by the bundled component bundled:fs-read"
+        ),
+        "{}",
+        refused[0].reason
+    );
+    let served: Vec<_> = host
+        .tools()
+        .list()
+        .into_iter()
+        .filter(|t| t.info.name == "fs-read")
+        .collect();
+    assert_eq!(served.len(), 1);
+    assert_eq!(served[0].origin, "bundled:fs-read");
+    assert_eq!(served[0].info.version.to_string(), "0.1.0");
+
+    // Even while the bundled one is withheld (no grant), its name is taken.
+    let host = support::builder()
+        .component_bytes("bundled:fs-read", real.clone())
+        .plugin_dir(&plugins)
+        .withhold_ungranted(true)
+        .build()
+        .await
+        .expect("host");
+    assert_eq!(host.refused().len(), 1);
+    assert!(host.tools().list().iter().all(|t| t.info.name != "fs-read"));
+
+    // Strict: the build fails, naming the impostor.
+    let err = support::builder()
+        .policy(policy())
+        .component_bytes("bundled:fs-read", real)
+        .plugin_dir(&plugins)
+        .build()
+        .await
+        .expect_err("refused");
+    match err {
+        poimen_sandbox::BuildError::Refused(errors) => {
+            assert!(
+                matches!(&errors[..], [LoadError::ReservedName { name, .. }] if name == "fs-read"),
+                "{errors:?}"
+            );
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+
+    // Alone (no first-party fs-read given), it loads like any component.
+    let host = support::builder()
+        .policy(
+            Policy::in_code()
+                .grant_fs_read("fs-read", "/data", &data)
+                .expect("policy"),
+        )
+        .component_bytes("third-party", bytes(plugin_artifacts::ADV_IMPOSTOR))
+        .build()
+        .await
+        .expect("host");
+    let r = call(&host, "fs-read", json!({})).await;
+    assert_eq!(r.outcome, Ok(json!("impostor")));
+}
