@@ -53,7 +53,11 @@ pub async fn run(cli: Cli) -> Result<u8> {
             if std::env::var_os("POIMEN_LOG").is_some() {
                 init_logs("warn");
             }
-            let host = build_host(g).await?;
+            let host = if reads_only(&command) {
+                build_reading_host(g).await?
+            } else {
+                build_host(g).await?
+            };
             dispatch(g, &host, command).await
         }
     }
@@ -128,6 +132,29 @@ fn default_serve_id() -> String {
 
 async fn build_host(g: &Global) -> Result<Host> {
     build_host_as(g, None).await
+}
+
+/// Verbs that only read the store: they never run a guest, so their host
+/// loads no plugin (no compile, no `describe`) and starts in milliseconds.
+fn reads_only(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Status { .. }
+            | Command::Episode { .. }
+            | Command::Audit { .. }
+            | Command::Versions { .. }
+            | Command::Show { .. }
+            | Command::Judgment(JudgmentCmd::List | JudgmentCmd::Show { .. })
+    )
+}
+
+/// A host over the store alone, for [`reads_only`] verbs.
+async fn build_reading_host(g: &Global) -> Result<Host> {
+    let b = match store_at(g)? {
+        StoreAt::File(path) => Host::builder().store_path(path),
+        StoreAt::Url(url) => Host::builder().store_url(url),
+    };
+    Ok(b.bundled_plugins(false).build().await?)
 }
 
 /// The host, as the `local` CLI host or as a serving host (`(id, lease ttl)`).

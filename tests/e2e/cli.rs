@@ -927,3 +927,27 @@ fn a_runs_tenant_is_stored_inherited_by_its_children_and_filters_listing() {
     assert!(listed("nobody").is_empty());
     assert_eq!(other["status"], json!("completed"));
 }
+
+#[test]
+fn reading_verbs_never_build_the_plugin_host() {
+    // A policy file that does not parse stops every verb that runs guests
+    // (the plugin host reads it at start); the verbs that only read the
+    // store never build the plugin host, so they work — and start in
+    // milliseconds, with no component compiled or described.
+    let env = Env::new();
+    let bad = env.write("bad-policy.toml", "this is [not toml");
+    let bad = bad.to_str().expect("utf8");
+    env.cmd()
+        .args(["--policy", bad, "plugin", "list"])
+        .assert()
+        .code(5);
+    let (code, runs) = env.json(&["--policy", bad, "status"]);
+    assert_eq!(code, 0, "{runs}");
+    assert_eq!(runs, json!([]));
+    let (code, open) = env.json(&["--policy", bad, "judgment", "list"]);
+    assert_eq!(code, 0, "{open}");
+    env.cmd()
+        .args(["--policy", bad, "versions"])
+        .assert()
+        .success();
+}
