@@ -379,7 +379,9 @@ impl HostDescriptor for RecordingFs<'_> {
 
     async fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorStat> {
         let p = self.tracker.path_of(&fd);
-        let r = HostDescriptor::stat(&mut self.inner, fd).await;
+        let r = HostDescriptor::stat(&mut self.inner, fd)
+            .await
+            .map(virtual_times);
         self.note("[method]descriptor.stat", p, &r);
         r
     }
@@ -392,7 +394,9 @@ impl HostDescriptor for RecordingFs<'_> {
     ) -> FsResult<types::DescriptorStat> {
         const F: &str = "[method]descriptor.stat-at";
         let target = self.check(F, &fd, &path, false)?;
-        let r = HostDescriptor::stat_at(&mut self.inner, fd.clone_handle(), path_flags, path).await;
+        let r = HostDescriptor::stat_at(&mut self.inner, fd.clone_handle(), path_flags, path)
+            .await
+            .map(virtual_times);
         self.note_path(F, &fd, &format!("{target} {path_flags:?}"), &r);
         r
     }
@@ -725,4 +729,19 @@ mod tests {
             DescriptorFlags::MUTATE_DIRECTORY
         ));
     }
+}
+
+/// A file's timestamps as the guest sees them: the frozen wall clock of
+/// `wasi:clocks` ([`crate::state::FROZEN_WALL_CLOCK`]), never the disk's —
+/// a real mtime would make the same call on the same bytes answer
+/// differently, which is the one thing a recorded call must not do.
+fn virtual_times(mut stat: types::DescriptorStat) -> types::DescriptorStat {
+    let frozen = wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime {
+        seconds: crate::state::FROZEN_WALL_CLOCK.as_secs(),
+        nanoseconds: 0,
+    };
+    stat.data_access_timestamp = Some(frozen);
+    stat.data_modification_timestamp = Some(frozen);
+    stat.status_change_timestamp = Some(frozen);
+    stat
 }

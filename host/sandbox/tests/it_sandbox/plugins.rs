@@ -468,6 +468,23 @@ pub(crate) async fn adv_huge_output() {
 #[tokio::test]
 pub(crate) async fn adv_fs_escape() {
     let w = world().await;
+    // Timestamps are the virtual clock's (2000-01-01T00:00:00Z), never the
+    // disk's: `stat-at` and `stat`, all three times.
+    let r = call(
+        &w.host,
+        "adv-fs-escape",
+        json!({"path": "notes.txt", "stat": true}),
+    )
+    .await;
+    let frozen = "946684800.000000000";
+    assert_eq!(
+        r.outcome,
+        Ok(json!(format!(
+            "stat-at: {frozen} {frozen} {frozen}; stat: {frozen} {frozen} {frozen}"
+        ))),
+        "{:?}",
+        r.outcome
+    );
     // Raw `open-at` calls, so every attempt reaches the host.
     for (args, why) in [
         (json!({"path": "../secret.txt"}), "`..` leaves the mount"),

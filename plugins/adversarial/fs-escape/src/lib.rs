@@ -13,12 +13,16 @@ use wasip2::filesystem::preopens::get_directories;
 use wasip2::filesystem::types::{DescriptorFlags, OpenFlags, PathFlags};
 
 /// The arguments: a path handed verbatim to `open-at` on the `/data`
-/// preopen, and whether to write instead of read.
+/// preopen, and whether to write instead of read — or, with `stat`, to
+/// report the file's timestamps (`stat-at` on the preopen and `stat` on the
+/// opened file), which must be the host's virtual clock, never the disk's.
 #[derive(Debug, Deserialize)]
 pub struct Input {
     path: String,
     #[serde(default)]
     write: bool,
+    #[serde(default)]
+    stat: bool,
 }
 
 /// The component.
@@ -37,6 +41,36 @@ impl Tool for FsEscape {
             .into_iter()
             .find(|(_, name)| name == "/data")
             .ok_or_else(|| ToolError::Failed("no /data preopen".into()))?;
+        if input.stat {
+            let at = dir
+                .stat_at(PathFlags::SYMLINK_FOLLOW, &input.path)
+                .map_err(|e| ToolError::Failed(format!("stat-at {}: {e:?}", input.path)))?;
+            let file = dir
+                .open_at(
+                    PathFlags::SYMLINK_FOLLOW,
+                    &input.path,
+                    OpenFlags::empty(),
+                    DescriptorFlags::READ,
+                )
+                .map_err(|e| ToolError::Failed(format!("open-at {}: {e:?}", input.path)))?;
+            let own = file
+                .stat()
+                .map_err(|e| ToolError::Failed(format!("stat: {e:?}")))?;
+            let secs = |t: Option<wasip2::clocks::wall_clock::Datetime>| {
+                t.map_or("none".to_owned(), |d| {
+                    format!("{}.{:09}", d.seconds, d.nanoseconds)
+                })
+            };
+            return Ok(format!(
+                "stat-at: {} {} {}; stat: {} {} {}",
+                secs(at.data_access_timestamp),
+                secs(at.data_modification_timestamp),
+                secs(at.status_change_timestamp),
+                secs(own.data_access_timestamp),
+                secs(own.data_modification_timestamp),
+                secs(own.status_change_timestamp),
+            ));
+        }
         let (oflags, flags) = if input.write {
             (OpenFlags::CREATE, DescriptorFlags::WRITE)
         } else {
