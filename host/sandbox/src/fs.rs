@@ -672,6 +672,21 @@ impl CloneHandle for Resource<Descriptor> {
     }
 }
 
+/// A file's timestamps as the guest sees them: the frozen wall clock of
+/// `wasi:clocks` ([`crate::state::FROZEN_WALL_CLOCK`]), never the disk's —
+/// a real mtime would make the same call on the same bytes answer
+/// differently, which is the one thing a recorded call must not do.
+fn virtual_times(mut stat: types::DescriptorStat) -> types::DescriptorStat {
+    let frozen = wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime {
+        seconds: crate::state::FROZEN_WALL_CLOCK.as_secs(),
+        nanoseconds: 0,
+    };
+    stat.data_access_timestamp = Some(frozen);
+    stat.data_modification_timestamp = Some(frozen);
+    stat.status_change_timestamp = Some(frozen);
+    stat
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -729,19 +744,4 @@ mod tests {
             DescriptorFlags::MUTATE_DIRECTORY
         ));
     }
-}
-
-/// A file's timestamps as the guest sees them: the frozen wall clock of
-/// `wasi:clocks` ([`crate::state::FROZEN_WALL_CLOCK`]), never the disk's —
-/// a real mtime would make the same call on the same bytes answer
-/// differently, which is the one thing a recorded call must not do.
-fn virtual_times(mut stat: types::DescriptorStat) -> types::DescriptorStat {
-    let frozen = wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime {
-        seconds: crate::state::FROZEN_WALL_CLOCK.as_secs(),
-        nanoseconds: 0,
-    };
-    stat.data_access_timestamp = Some(frozen);
-    stat.data_modification_timestamp = Some(frozen);
-    stat.status_change_timestamp = Some(frozen);
-    stat
 }
