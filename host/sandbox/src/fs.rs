@@ -672,13 +672,18 @@ impl CloneHandle for Resource<Descriptor> {
     }
 }
 
+/// The time every file's timestamps show, in seconds since the Unix epoch:
+/// the frozen wall clock of `wasi:clocks` (`state::FROZEN_WALL_CLOCK`,
+/// which checks at compile time that the two agree).
+pub(crate) const FROZEN_STAT_SECS: u64 = 946_684_800;
+
 /// A file's timestamps as the guest sees them: the frozen wall clock of
-/// `wasi:clocks` ([`crate::state::FROZEN_WALL_CLOCK`]), never the disk's —
+/// `wasi:clocks` ([`FROZEN_STAT_SECS`]), never the disk's —
 /// a real mtime would make the same call on the same bytes answer
 /// differently, which is the one thing a recorded call must not do.
 fn virtual_times(mut stat: types::DescriptorStat) -> types::DescriptorStat {
     let frozen = wasmtime_wasi::p2::bindings::clocks::wall_clock::Datetime {
-        seconds: crate::state::FROZEN_WALL_CLOCK.as_secs(),
+        seconds: FROZEN_STAT_SECS,
         nanoseconds: 0,
     };
     stat.data_access_timestamp = Some(frozen);

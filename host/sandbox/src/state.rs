@@ -38,6 +38,9 @@ use crate::record::{Baseline, Captured, Journal};
 /// call unrepeatable.
 pub const FROZEN_WALL_CLOCK: Duration = Duration::from_secs(946_684_800);
 
+// Files' timestamps show the same frozen time (`fs.rs`).
+const _: () = assert!(crate::fs::FROZEN_STAT_SECS == FROZEN_WALL_CLOCK.as_secs());
+
 /// How far `wasi:clocks/monotonic-clock` advances per read, in nanoseconds:
 /// time passes (so elapsed-time loops end) but the same calls see the same
 /// times.
