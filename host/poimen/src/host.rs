@@ -722,17 +722,13 @@ impl Host {
             .start(runnable, input, opts.into_start())
             .await?;
         let exec = self.inner.executor().clone();
-        let run = started.run.clone();
+        let (run, id) = (started.run.clone(), started.run.clone());
         tokio::spawn(async move {
-            let driven = match started.lease {
-                Some(lease) => exec.drive_claimed(&run, lease).await,
-                None => exec.resume(&run).await,
-            };
-            if let Err(e) = driven {
+            if let Err(e) = exec.drive_started(started).await {
                 tracing::warn!(run = %run, error = %e, "background run stopped with an error");
             }
         });
-        Ok(started.run)
+        Ok(id)
     }
 
     /// Enqueues a run and returns its id: the run is stored `queued`, held

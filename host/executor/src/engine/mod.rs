@@ -89,8 +89,13 @@ impl Executor {
         opts: StartOptions,
     ) -> Result<RunOutcome, RunError> {
         let started = self.create(runnable, input, opts, true).await?;
+        self.drive_started(started).await
+    }
+
+    /// Drives a run [`Executor::start`] returned: under the lease it was
+    /// created with, or — an existing run — by resuming it.
+    pub async fn drive_started(&self, started: Started) -> Result<RunOutcome, RunError> {
         match started.lease {
-            // Created here: drive it under the lease it was created with.
             Some(lease) => self.drive_root(&started.run, Some(lease)).await,
             None => self.resume(&started.run).await,
         }
