@@ -367,6 +367,19 @@ async fn check_outcomes(
         }
         // Hosts release what they drove; only a host killed (or cut off)
         // between a run's last commit and its release leaves a lease behind.
+        // A live host releases just after the run's last commit: give it a
+        // moment.
+        let mut rec = rec.clone();
+        let since = Instant::now();
+        while rec
+            .lease
+            .as_ref()
+            .is_some_and(|l| !dead.contains(&l.owner.as_str()))
+            && since.elapsed() < Duration::from_secs(5)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            rec = store.run(&rec.id).await.expect("run").expect("stored");
+        }
         assert!(
             rec.lease
                 .as_ref()
