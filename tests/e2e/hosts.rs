@@ -11,7 +11,7 @@
 //! a database of its own and drops it. Without a server they fail, saying
 //! how to start one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -432,12 +432,44 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
     let b = serve(&env, &db.url, "host-b", "1s");
     let c = serve(&env, &db.url, "host-c", "1s");
     wait_some_settled(&*store, 30).await;
-    // SIGKILL a host mid-way: its runs stay leased to it until they expire.
-    let held: Vec<RunRecord> = all_runs(&*store)
-        .await
-        .into_iter()
-        .filter(|r| r.lease.as_ref().is_some_and(|l| l.owner == "host-a"))
-        .collect();
+    // SIGKILL a host mid-way, while a step of a run it drives is in
+    // flight: freeze it (SIGSTOP) so what it holds stays put while it is
+    // read, thaw it and try again if no step of its runs is in flight.
+    let mut tries = 0;
+    let (held, started) = loop {
+        a.signal("-STOP");
+        // A commit already on the wire lands; nothing after it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let held: Vec<RunRecord> = all_runs(&*store)
+            .await
+            .into_iter()
+            .filter(|r| !settled(r) && r.lease.as_ref().is_some_and(|l| l.owner == "host-a"))
+            .collect();
+        // The runs it holds with a step in flight: a takeover resumes
+        // those mid-step (and says so in the episode).
+        let mut started = BTreeSet::new();
+        for r in &held {
+            let events = store.events(&r.id).await.expect("events");
+            let episode = poimen::executor::Episode::from_stored(r.id.as_str(), &events)
+                .expect("the episode decodes");
+            let state = poimen::executor::refold(&episode).expect("the episode refolds");
+            if state.steps.values().any(|s| {
+                matches!(
+                    s.status,
+                    poimen::executor::StepStatus::Running | poimen::executor::StepStatus::Waiting
+                )
+            }) {
+                started.insert(r.id.clone());
+            }
+        }
+        if !started.is_empty() {
+            break (held, started);
+        }
+        tries += 1;
+        assert!(tries < 100, "host-a never held a run with a step in flight");
+        a.signal("-CONT");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    };
     let mut a = a;
     a.child.kill().expect("kill host-a");
     let _ = a.child.wait();
@@ -473,8 +505,9 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
         .filter(|r| r.status == RunStatus::Blocked)
         .count();
     eprintln!(
-        "host-a held {} runs when killed; taken over after {taken_over:?}; {resumed} runs resumed, {blocked} blocked; settled {took:?} after the kill",
-        held.len()
+        "host-a held {} runs ({} mid-step) when killed; taken over after {taken_over:?}; {resumed} runs resumed, {blocked} blocked; settled {took:?} after the kill",
+        held.len(),
+        started.len()
     );
     assert!(!held.is_empty(), "host-a held runs when it was killed");
     for r in &held {
@@ -485,11 +518,17 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
             r.id
         );
     }
-    assert!(
-        held.is_empty() || resumed > 0,
-        "host-a held {} runs when killed; some must have been taken over (resumed)",
-        held.len()
-    );
+    // Every run host-a had mid-step was taken over and resumed; what it had
+    // claimed and not started, or held between steps, another host carried
+    // on.
+    for id in &started {
+        let events = store.events(id).await.expect("events");
+        assert!(
+            events.iter().any(|e| e.kind == "run_resumed"),
+            "host-a's run {id}, mid-step when it was killed, was resumed by another host"
+        );
+    }
+    assert!(resumed >= started.len(), "{resumed} < {}", started.len());
     assert!(took < Duration::from_secs(60), "took {took:?}");
     drop((b, c));
 }

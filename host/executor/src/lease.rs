@@ -67,11 +67,21 @@ impl Tenure {
                     Ok(renewed) => *tenure.lock() = renewed,
                     // Taken over: this host's next commit is refused, which
                     // halts the walk; nothing to renew any more.
-                    Err(StoreError::LeaseLost { .. }) => {
+                    Err(StoreError::LeaseLost {
+                        holder: Some(holder),
+                        ..
+                    }) => {
                         tracing::warn!(
                             run = %current.run,
+                            holder = %holder.owner,
                             "lease lost to another host; this host stops driving the run"
                         );
+                        return;
+                    }
+                    // The run ended (its last commit ended the tenure) or
+                    // an operator's write did: nothing to renew.
+                    Err(StoreError::LeaseLost { holder: None, .. }) => {
+                        tracing::debug!(run = %current.run, "the lease ended with the run");
                         return;
                     }
                     // A store hiccup: try again at the next beat (the lease

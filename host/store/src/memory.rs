@@ -443,6 +443,12 @@ impl Store for MemoryStore {
             r.reason = u.reason;
             r.output_hash = u.output_hash;
             r.updated_at = u.updated_at;
+            // The commit that ends a run ends its tenure: nothing is left
+            // to drive, and a host that dies before its release leaves no
+            // lease behind.
+            if u.status.is_terminal() {
+                r.lease = None;
+            }
         }
         Ok(())
     }

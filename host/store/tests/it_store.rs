@@ -224,6 +224,7 @@ conformance!(
     a_takeover_after_expiry_starts_a_new_epoch,
     a_reclaim_by_the_same_owner_starts_a_new_epoch,
     a_fenced_commit_after_a_takeover_writes_nothing,
+    the_commit_that_ends_a_run_ends_its_tenure,
     claim_runnable_takes_the_oldest_runs_that_need_a_driver,
     concurrent_claim_runnable_callers_never_share_a_run,
     concurrent_commits_from_many_tasks,
@@ -1843,6 +1844,86 @@ async fn a_fenced_commit_after_a_takeover_writes_nothing(h: &Harness) {
         .await
         .expect_err("unknown run");
     assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+/// A run that completes, fails or is cancelled needs no driver: the commit
+/// that says so clears the lease in the same transaction (so a host that
+/// dies before its release leaves nothing held); a run that stops to wait
+/// or is blocked keeps it until its host releases it.
+async fn the_commit_that_ends_a_run_ends_its_tenure(h: &Harness) {
+    let s = h.s();
+    for (n, end) in [
+        (1, RunStatus::Completed),
+        (2, RunStatus::Failed),
+        (3, RunStatus::Cancelled),
+    ] {
+        let run = make_run(s, n).await;
+        let lease = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+        s.commit(fenced(&lease, vec![event(0, "run_started")]))
+            .await
+            .expect("started");
+        let mut c = set_status(&run.id, end);
+        c.fence = Some(lease.fence());
+        c.events = vec![event(1, "run_ended")];
+        s.commit(c).await.expect("ended");
+        let rec = s.run(&run.id).await.expect("read").expect("exists");
+        assert_eq!(rec.status, end);
+        assert_eq!(rec.lease, None, "{end}: the lease ends with the run");
+        assert!(
+            s.runs_owned_by("host-1")
+                .await
+                .expect("owned")
+                .iter()
+                .all(|r| r.id != run.id),
+            "{end}"
+        );
+        // The host's late release is a no-op; its heartbeat hears it lost
+        // the run to no one.
+        s.release_lease(&lease).await.expect("late release");
+        let err = s
+            .renew_lease(&lease, T0 + 10, TTL)
+            .await
+            .expect_err("renew after the end");
+        assert!(
+            matches!(&err, StoreError::LeaseLost { holder: None, .. }),
+            "{end}: {err:?}"
+        );
+        if end == RunStatus::Failed {
+            // A failed run may be retried: the next claim is a new epoch.
+            let mut c = set_status(&run.id, RunStatus::Queued);
+            c.events = vec![event(2, "run_retried")];
+            s.commit(c).await.expect("retry");
+            let next = claim(s, &run.id, "host-2", T0 + 20)
+                .await
+                .expect("reclaimed");
+            assert_eq!(next.epoch, lease.epoch + 1);
+        }
+    }
+    // Waiting and blocked runs keep their lease until the host releases it.
+    for (n, stop) in [(4, RunStatus::WaitingJudgment), (5, RunStatus::Blocked)] {
+        let run = make_run(s, n).await;
+        let lease = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+        let mut c = set_status(&run.id, stop);
+        c.fence = Some(lease.fence());
+        c.events = vec![event(0, "run_started")];
+        s.commit(c).await.expect("stopped");
+        assert_eq!(lease_of(s, &run.id).await, Some(lease.clone()), "{stop}");
+        s.release_lease(&lease).await.expect("release");
+        assert_eq!(lease_of(s, &run.id).await, None, "{stop}");
+    }
+    // An operator's unfenced cancel of a held run ends the tenure too: the
+    // holder's next commit is refused and it stops driving.
+    let run = make_run(s, 6).await;
+    let lease = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+    let mut c = set_status(&run.id, RunStatus::Cancelled);
+    c.events = vec![event(0, "run_cancelled")];
+    s.commit(c).await.expect("operator cancel");
+    assert_eq!(lease_of(s, &run.id).await, None);
+    let err = s
+        .commit(fenced(&lease, vec![event(1, "late")]))
+        .await
+        .expect_err("fenced out");
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
 }
 
 async fn claim_runnable_takes_the_oldest_runs_that_need_a_driver(h: &Harness) {

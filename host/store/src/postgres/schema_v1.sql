@@ -435,7 +435,13 @@ BEGIN
     IF upd IS NOT NULL THEN
         UPDATE runs SET status = upd->>'status', reason = upd->>'reason',
                         output_hash = upd->>'output_hash',
-                        updated_at = (upd->>'updated_at')::bigint
+                        updated_at = (upd->>'updated_at')::bigint,
+                        -- The commit that ends a run ends its tenure (the
+                        -- epoch stays).
+                        owner = CASE WHEN upd->>'status' IN ('completed', 'failed', 'cancelled')
+                                     THEN NULL ELSE owner END,
+                        lease_expires_at = CASE WHEN upd->>'status' IN ('completed', 'failed', 'cancelled')
+                                                THEN NULL ELSE lease_expires_at END
         WHERE id = run_id;
     END IF;
 END $$;

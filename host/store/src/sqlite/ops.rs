@@ -821,7 +821,11 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
     }
     if let Some(u) = &commit.run_update {
         c.prepare_cached(
-            "UPDATE runs SET status = ?2, reason = ?3, output_hash = ?4, updated_at = ?5 WHERE id = ?1",
+            // The commit that ends a run ends its tenure (the epoch stays).
+            "UPDATE runs SET status = ?2, reason = ?3, output_hash = ?4, updated_at = ?5,
+                owner = CASE WHEN ?6 THEN NULL ELSE owner END,
+                lease_expires_at = CASE WHEN ?6 THEN NULL ELSE lease_expires_at END
+             WHERE id = ?1",
         )
         .and_then(|mut s| {
             s.execute(params![
@@ -829,7 +833,8 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
                 u.status.as_str(),
                 u.reason,
                 u.output_hash.map(|h| h.to_string()),
-                u.updated_at
+                u.updated_at,
+                u.status.is_terminal()
             ])
         })
         .at(p)?;
