@@ -680,6 +680,129 @@ async fn sigterm_stops_a_host_which_hands_back_what_it_holds() {
     }
 }
 
+/// A chain of pure steps, at most two runs at a time per account.
+const ADMITTED: &str = r#"
+id: t.admitted
+key: "{{ inputs.account }}"
+concurrency: {max_runs: 2, scope: key, on_overflow: queue}
+steps:
+  - id: s0
+    tool: {name: "text@^0.1", args: {op: count, pattern: a, text: "{{ inputs.account }}"}}
+  - id: s1
+    tool: {name: "text@^0.1", args: {op: count, pattern: b, text: "{{ inputs.account }}"}}
+  - id: s2
+    tool: {name: "text@^0.1", args: {op: count, pattern: c, text: "{{ inputs.account }}"}}
+  - id: s3
+    tool: {name: "text@^0.1", args: {op: count, pattern: d, text: "{{ inputs.account }}"}}
+  - id: s4
+    tool: {name: "text@^0.1", args: {op: count, pattern: e, text: "{{ inputs.account }}"}}
+  - id: s5
+    tool: {name: "text@^0.1", args: {op: count, pattern: f, text: "{{ inputs.account }}"}}
+transitions:
+  - {from: s0, to: s1}
+  - {from: s1, to: s2}
+  - {from: s2, to: s3}
+  - {from: s3, to: s4}
+  - {from: s4, to: s5}
+"#;
+
+/// When a run was driven: from its first event after the start recorded at
+/// enqueue to its last.
+async fn driven_span(store: &dyn Store, run: &RunRecord) -> (i64, i64) {
+    let events = store.events(&run.id).await.expect("events");
+    let first = events
+        .iter()
+        .find(|e| e.kind != "run_started")
+        .expect("the run was driven");
+    let last = events.last().expect("events");
+    assert_eq!(last.kind, "run_completed", "run {}", run.id);
+    (first.at, last.at)
+}
+
+/// The most spans open at one instant (a span that ends at the instant
+/// another begins is not open with it).
+fn most_at_once(spans: &[(i64, i64)]) -> usize {
+    let mut edges: Vec<(i64, i32)> = Vec::new();
+    for &(start, end) in spans {
+        edges.push((start, 1));
+        edges.push((end, -1));
+    }
+    // Ends before starts at the same instant.
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        open += d;
+        most = most.max(open);
+    }
+    most as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_across_three_hosts_is_exact_per_key_and_no_key_waits_behind_another() {
+    let db = PgDb::create("admit").await;
+    let env = Env::new();
+    setup(&env, false);
+    let wf = env.write("admitted.yaml", ADMITTED);
+    // 60 starts on one key, then 60 on another: all queued before any host
+    // serves, the first key's all older than the second's.
+    let host = poimen::Host::builder()
+        .store_url(&db.url)
+        .cache_dir(crate::support::shared_cache())
+        .build()
+        .await
+        .expect("library host");
+    let target = poimen::Target::File(wf.clone());
+    let mut keys: BTreeMap<String, &str> = BTreeMap::new();
+    for account in ["acme", "bolt"] {
+        for _ in 0..60 {
+            let id = host
+                .enqueue(
+                    &target,
+                    json!({"account": account}),
+                    poimen::RunOptions::default(),
+                )
+                .await
+                .expect("enqueue");
+            keys.insert(id.to_string(), account);
+        }
+    }
+    drop(host);
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    let hosts = [
+        serve(&env, &db.url, "adm-a", "5s"),
+        serve(&env, &db.url, "adm-b", "5s"),
+        serve(&env, &db.url, "adm-c", "5s"),
+    ];
+    let refs: Vec<&Served> = hosts.iter().collect();
+    wait_settled(&*store, keys.len(), Duration::from_secs(120), &refs).await;
+    let mut spans: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
+    for r in all_runs(&*store).await {
+        assert_eq!(r.status, RunStatus::Completed, "{}: {:?}", r.id, r.reason);
+        assert!(!r.admitted && r.lease.is_none(), "{r:?}");
+        let span = driven_span(&*store, &r).await;
+        spans.entry(keys[r.id.as_str()]).or_default().push(span);
+    }
+    for (key, s) in &spans {
+        assert_eq!(s.len(), 60, "every start of {key} was served");
+        let most = most_at_once(s);
+        assert!(most <= 2, "{most} runs of key {key} were driven at once");
+        assert_eq!(most, 2, "key {key} used both of its slots");
+    }
+    // The second key did not wait for the first key's queue to drain: its
+    // first run was driven while most of the first key's were still to go.
+    let mut acme_ends: Vec<i64> = spans["acme"].iter().map(|s| s.1).collect();
+    acme_ends.sort();
+    let bolt_first = spans["bolt"].iter().map(|s| s.0).min().expect("bolt runs");
+    assert!(
+        bolt_first < acme_ends[10],
+        "key bolt waited behind key acme: its first run began at {bolt_first}, acme's 11th ended at {}",
+        acme_ends[10]
+    );
+    for h in &hosts {
+        assert!(!h.log().contains("panicked"), "{}", h.log());
+    }
+}
+
 #[test]
 fn store_urls_that_cannot_be_used_get_specific_errors() {
     let env = Env::new();

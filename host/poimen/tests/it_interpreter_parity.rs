@@ -1420,17 +1420,26 @@ async fn admission_replace_cancels_the_oldest_and_queue_waits_for_a_slot() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!queued.is_finished(), "the second run waits for a slot");
+    // It waits in the store — queued, holding no slot and no lease — so the
+    // wait survives a restart and any host serving the store may admit it.
+    let runs = h
+        .store
+        .list_runs(poimen_store::RunFilter {
+            workflow_id: Some(def.id.clone()),
+            ..poimen_store::RunFilter::default()
+        })
+        .await
+        .expect("runs");
+    assert_eq!(runs.len(), 2);
+    let waiting = runs.iter().find(|r| r.id != first.run).expect("the second");
     assert_eq!(
-        h.store
-            .list_runs(poimen_store::RunFilter {
-                workflow_id: Some(def.id.clone()),
-                ..poimen_store::RunFilter::default()
-            })
-            .await
-            .expect("runs")
-            .len(),
-        1,
-        "a queued run is not created yet"
+        (waiting.status, waiting.admitted, waiting.lease.is_none()),
+        (RunStatus::Queued, false, true),
+        "{waiting:?}"
+    );
+    assert!(
+        runs.iter().any(|r| r.id == first.run && r.admitted),
+        "the first holds the slot"
     );
     assert_eq!(answer(&h, &first.run).await.status, RunStatus::Completed);
     let second = tokio::time::timeout(Duration::from_secs(10), queued)

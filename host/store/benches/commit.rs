@@ -60,6 +60,7 @@ impl Target {
                 idempotency_key: None,
                 parent: None,
                 lease: None,
+                admission: None,
                 created_at: 0,
             })
             .await

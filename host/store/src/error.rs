@@ -108,6 +108,15 @@ pub enum StoreError {
         /// The run's lease now (`None`: no host holds it).
         holder: Option<Lease>,
     },
+    /// A new run of an admission group that refuses when full
+    /// (`on_overflow: drop`) found `max_runs` runs of the group not yet
+    /// ended. Nothing was written.
+    AdmissionFull {
+        group: String,
+        max_runs: u32,
+        /// The runs that fill the group, oldest first.
+        active: Vec<RunId>,
+    },
     /// A commit that is malformed on its face (an intent of another run, …).
     InvalidCommit { run: RunId, detail: String },
     /// The store file or its directory cannot be written.
@@ -381,11 +390,26 @@ impl fmt::Display for StoreError {
                         "host `{}` holds it now, at lease epoch {} (lease until {} ms)",
                         h.owner, h.epoch, h.expires_at
                     )?,
-                    None => f.write_str("no host holds it (its lease was released)")?,
+                    None => {
+                        f.write_str("no host holds it (its lease was released, or the run ended)")?
+                    }
                 }
                 f.write_str(
                     ". Nothing of this write was written; this host must stop driving the run \
                      (claim it again to resume it, if no other host drives it)",
+                )
+            }
+            StoreError::AdmissionFull {
+                group,
+                max_runs,
+                active,
+            } => {
+                let ids: Vec<&str> = active.iter().map(|r| r.as_str()).collect();
+                write!(
+                    f,
+                    "concurrency group `{group}` is full: {} of at most {max_runs} runs are not yet ended ({}); the new run was refused and nothing was written. Start it again once one of them ends, or cancel one",
+                    active.len(),
+                    ids.join(", ")
                 )
             }
             StoreError::InvalidCommit { run, detail } => write!(

@@ -39,9 +39,9 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PG_SCHEMA_VERSION, PostgresOptions, PostgresStore};
 pub use records::{
-    Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase, IntentRecord,
-    JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, NewEvent, NewRun,
-    NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, RunUpdate, StoredEvent,
+    Admission, AdmissionRequest, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase,
+    IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, NewEvent,
+    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, RunUpdate, StoredEvent,
     VersionRecord, WorkflowSummary,
 };
 #[cfg(feature = "sqlite")]

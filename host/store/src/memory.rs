@@ -97,7 +97,29 @@ impl State {
             expires_at: expiry(now, ttl_ms),
         };
         r.lease = Some(lease.clone());
+        r.admitted = r.admission.is_some();
         lease
+    }
+
+    /// The runs of `group` that hold a slot, oldest first.
+    fn admitted_in(&self, group: &str) -> Vec<&RunRecord> {
+        let mut runs: Vec<&RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| r.admitted && r.admission.as_ref().is_some_and(|a| a.group == group))
+            .collect();
+        runs.sort_by(|a, b| (a.created_at, a.id.as_str()).cmp(&(b.created_at, b.id.as_str())));
+        runs
+    }
+
+    /// Whether run `i` may be claimed now as far as its admission group
+    /// goes: it holds a slot already, needs none, or one is free.
+    fn slot_for(&self, i: usize) -> bool {
+        let r = &self.runs[i];
+        match &r.admission {
+            Some(a) if !r.admitted => self.admitted_in(&a.group).len() < a.max_runs as usize,
+            _ => true,
+        }
     }
 }
 
@@ -227,6 +249,30 @@ impl Store for MemoryStore {
                 .ok_or_else(|| StoreError::not_found(format!("parent run {parent}")))?;
             rules::check_parent_tenant(&new, parent_tenant)?;
         }
+        // A group that refuses when full counts every run not yet ended; a
+        // held creation takes a slot if one is free, else waits queued.
+        let mut lease = new.lease;
+        if let Some(a) = &new.admission {
+            let mut unended: Vec<&RunRecord> = s
+                .runs
+                .iter()
+                .filter(|r| {
+                    !r.status.is_terminal()
+                        && r.admission.as_ref().is_some_and(|x| x.group == a.group)
+                })
+                .collect();
+            if a.refuse_when_full && unended.len() >= a.max_runs as usize {
+                unended.sort_by(|x, y| {
+                    (x.created_at, x.id.as_str()).cmp(&(y.created_at, y.id.as_str()))
+                });
+                let active = unended.into_iter().map(|r| r.id.clone()).collect();
+                return Err(rules::admission_full(a, active));
+            }
+            if s.admitted_in(&a.group).len() >= a.max_runs as usize {
+                lease = None;
+            }
+        }
+        let admitted = new.admission.is_some() && lease.is_some();
         let rec = RunRecord {
             id: new.id.clone(),
             workflow_id,
@@ -240,12 +286,14 @@ impl Store for MemoryStore {
             parent: new.parent,
             created_at: new.created_at,
             updated_at: new.created_at,
-            lease: new.lease.map(|l| Lease {
+            lease: lease.map(|l| Lease {
                 run: new.id.clone(),
                 owner: l.owner,
                 epoch: 1,
                 expires_at: expiry(new.created_at, l.ttl_ms),
             }),
+            admission: new.admission.as_ref().map(|a| a.admission()),
+            admitted,
         };
         s.blobs.entry(input_hash).or_insert(new.input);
         let i = s.runs.len();
@@ -448,6 +496,7 @@ impl Store for MemoryStore {
             // lease behind.
             if u.status.is_terminal() {
                 r.lease = None;
+                r.admitted = false;
             }
         }
         Ok(())
@@ -495,7 +544,7 @@ impl Store for MemoryStore {
         let mut s = self.lock();
         let i = s.run_index(run)?;
         let r = &s.runs[i];
-        if !rules::may_claim(r.status, r.lease.as_ref(), owner, now) {
+        if !rules::may_claim(r.status, r.lease.as_ref(), owner, now) || !s.slot_for(i) {
             return Ok(None);
         }
         Ok(Some(s.claim(i, owner, now, ttl_ms)))
@@ -516,14 +565,20 @@ impl Store for MemoryStore {
             let (ra, rb) = (&s.runs[a], &s.runs[b]);
             (ra.created_at, ra.id.as_str()).cmp(&(rb.created_at, rb.id.as_str()))
         });
-        picked.truncate(limit as usize);
-        Ok(picked
-            .into_iter()
-            .map(|i| {
+        // Oldest first; a run whose group is full is passed over (it does
+        // not hold back the runs behind it), and each claim takes its slot
+        // before the next is weighed.
+        let mut claimed = Vec::new();
+        for i in picked {
+            if claimed.len() >= limit as usize {
+                break;
+            }
+            if s.slot_for(i) {
                 let lease = s.claim(i, owner, now, ttl_ms);
-                (s.runs[i].clone(), lease)
-            })
-            .collect())
+                claimed.push((s.runs[i].clone(), lease));
+            }
+        }
+        Ok(claimed)
     }
 
     async fn renew_lease(&self, lease: &Lease, now: i64, ttl_ms: i64) -> StoreResult<Lease> {

@@ -196,6 +196,48 @@ pub struct RunRecord {
     /// The host that holds the run's lease, until when, and its fencing
     /// epoch; `None` when no host holds it (never claimed, or released).
     pub lease: Option<Lease>,
+    /// The concurrency group the run is admitted under, if its workflow
+    /// limits concurrent runs.
+    #[serde(default)]
+    pub admission: Option<Admission>,
+    /// Whether the run holds one of its group's slots: set by the claim (or
+    /// the held creation) that admitted it, kept until the run ends. Always
+    /// `false` for a run without an admission group.
+    #[serde(default)]
+    pub admitted: bool,
+}
+
+/// A workflow's `concurrency` as the store applies it: of the runs of one
+/// `group` (a workflow, or a workflow and a rendered key), at most
+/// `max_runs` are admitted — claimed from the queue and not yet completed,
+/// failed or cancelled — at any instant, across every host of the store.
+/// A run waiting for a slot stays `queued`; runs of a group are admitted in
+/// the order they were created, and a full group never holds back another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    pub group: String,
+    pub max_runs: u32,
+}
+
+/// The admission group a new run joins, and what to do when it is full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionRequest {
+    pub group: String,
+    pub max_runs: u32,
+    /// Refuse the new run (`StoreError::AdmissionFull`) when the group has
+    /// `max_runs` runs not yet ended — admitted or queued — instead of
+    /// queueing it (`on_overflow: drop`).
+    pub refuse_when_full: bool,
+}
+
+impl AdmissionRequest {
+    /// The group as the run's record carries it.
+    pub fn admission(&self) -> Admission {
+        Admission {
+            group: self.group.clone(),
+            max_runs: self.max_runs,
+        }
+    }
 }
 
 /// A run to create. It starts `queued`.
@@ -215,8 +257,12 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     pub parent: Option<(RunId, StepId)>,
     /// Claim the run for a host at creation: the run starts with a lease of
-    /// epoch 1 that expires at `created_at + ttl_ms`.
+    /// epoch 1 that expires at `created_at + ttl_ms`. A run with an
+    /// admission group gets it only if the group has a free slot (the run is
+    /// then admitted); otherwise it is created queued and held by no one.
     pub lease: Option<LeaseRequest>,
+    /// The concurrency group the run is admitted under.
+    pub admission: Option<AdmissionRequest>,
     pub created_at: i64,
 }
 

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::error::{IdempotencyConflict, StoreError};
-use crate::ids::BlobHash;
+use crate::ids::{BlobHash, RunId};
 use crate::records::{
     Commit, CreateRun, Fence, IntentPhase, IntentRecord, Lease, NewRun, NewVersion, PublishOutcome,
     RunRecord, RunStatus, VersionRecord,
@@ -282,6 +282,19 @@ pub(crate) fn may_claim(status: RunStatus, current: Option<&Lease>, owner: &str,
 pub(crate) fn is_runnable(status: RunStatus, current: Option<&Lease>, now: i64) -> bool {
     matches!(status, RunStatus::Queued | RunStatus::Running)
         && current.is_none_or(|l| l.expires_at <= now)
+}
+
+/// The refusal of a new run whose admission group is full; `active` are
+/// the runs that fill it, oldest first.
+pub(crate) fn admission_full(
+    a: &crate::records::AdmissionRequest,
+    active: Vec<RunId>,
+) -> StoreError {
+    StoreError::AdmissionFull {
+        group: a.group.clone(),
+        max_runs: a.max_runs,
+        active,
+    }
 }
 
 /// Whether `current` is still the tenure `fence` names.

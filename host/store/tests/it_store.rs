@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poimen_store::{
-    BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence, IntentPhase, IntentRecord,
-    JudgmentId, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun,
-    NewVersion, PublishOutcome, RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION,
-    SqliteOptions, SqliteStore, Store, StoreError, Ulid, VersionRecord,
+    Admission, AdmissionRequest, BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence,
+    IntentPhase, IntentRecord, JudgmentId, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest,
+    MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunId, RunRecord,
+    RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore, Store, StoreError, Ulid,
+    VersionRecord,
 };
 use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use serde_json::{Value, json};
@@ -71,6 +72,7 @@ fn new_run(n: u128, version: WorkflowVersion, input: &Value) -> NewRun {
         idempotency_key: None,
         parent: None,
         lease: None,
+        admission: None,
         created_at: T0 + n as i64,
     }
 }
@@ -131,7 +133,7 @@ struct Harness {
 impl Harness {
     async fn sqlite() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = SqliteStore::open(dir.path().join("nested/dir/poimen.db"))
+        let store = SqliteStore::open(Self::sqlite_path(&dir))
             .await
             .expect("open");
         Harness {
@@ -164,8 +166,32 @@ impl Harness {
         }
     }
 
+    fn sqlite_path(dir: &tempfile::TempDir) -> PathBuf {
+        dir.path().join("nested/dir/poimen.db")
+    }
+
     fn s(&self) -> &dyn Store {
         &*self.store
+    }
+
+    /// This store, and another handle on the same data as a second host
+    /// opens it (the memory store has only the one).
+    async fn stores(&self) -> Vec<Arc<dyn Store>> {
+        let mut all = vec![Arc::clone(&self.store)];
+        if let Some(dir) = &self._dir {
+            let other = SqliteStore::open(Self::sqlite_path(dir))
+                .await
+                .expect("open");
+            all.push(Arc::new(other));
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(db) = &self._db {
+            let other = poimen_store::PostgresStore::open(&db.url)
+                .await
+                .expect("open the PostgreSQL store");
+            all.push(Arc::new(other));
+        }
+        all
     }
 }
 
@@ -225,6 +251,9 @@ conformance!(
     a_reclaim_by_the_same_owner_starts_a_new_epoch,
     a_fenced_commit_after_a_takeover_writes_nothing,
     the_commit_that_ends_a_run_ends_its_tenure,
+    admission_holds_a_group_to_max_runs_oldest_first,
+    a_full_group_refuses_or_queues_a_new_run,
+    racing_claimers_never_admit_more_than_max_runs,
     claim_runnable_takes_the_oldest_runs_that_need_a_driver,
     concurrent_claim_runnable_callers_never_share_a_run,
     concurrent_commits_from_many_tasks,
@@ -1926,6 +1955,261 @@ async fn the_commit_that_ends_a_run_ends_its_tenure(h: &Harness) {
     assert!(matches!(err, StoreError::LeaseLost { .. }), "{err:?}");
 }
 
+fn in_group(n: u128, version: WorkflowVersion, group: &str, max_runs: u32) -> NewRun {
+    NewRun {
+        admission: Some(AdmissionRequest {
+            group: group.to_owned(),
+            max_runs,
+            refuse_when_full: false,
+        }),
+        ..new_run(n, version, &json!(n as u64))
+    }
+}
+
+fn claimed_ids(got: &[(RunRecord, Lease)]) -> Vec<RunId> {
+    got.iter().map(|(r, _)| r.id.clone()).collect()
+}
+
+/// Ends a run under its lease.
+async fn end_run(s: &dyn Store, lease: &Lease, seq: u64, status: RunStatus) {
+    let mut c = set_status(&lease.run, status);
+    c.fence = Some(lease.fence());
+    c.events = vec![event(seq, "run_ended")];
+    s.commit(c).await.expect("end the run");
+}
+
+/// `concurrency.max_runs` held by the store: of one group, at most
+/// `max_runs` runs are admitted (claimed and not ended); the rest stay
+/// queued and are admitted oldest first as slots free up; another group,
+/// or a run of no group, is never held back by a full one.
+async fn admission_holds_a_group_to_max_runs_oldest_first(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    for n in 1..=5 {
+        s.create_run(in_group(n, v.version, "demo.flow", 2))
+            .await
+            .expect("create");
+    }
+    s.create_run(in_group(6, v.version, "demo.flow/key=b", 1))
+        .await
+        .expect("create");
+    s.create_run(new_run(7, v.version, &json!(7)))
+        .await
+        .expect("create");
+    let got = s
+        .claim_runnable("host-1", T0, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed_ids(&got),
+        [run_id(1), run_id(2), run_id(6), run_id(7)],
+        "two of the full group, the other group's and the free run"
+    );
+    for (r, _) in &got {
+        assert_eq!(r.admitted, r.admission.is_some(), "{}", r.id);
+    }
+    assert_eq!(
+        got[0].0.admission,
+        Some(Admission {
+            group: "demo.flow".into(),
+            max_runs: 2
+        })
+    );
+    let rec = s.run(&run_id(1)).await.expect("read").expect("exists");
+    assert!(rec.admitted);
+    assert_eq!(rec.admission, got[0].0.admission);
+    // Full: neither a batch claim nor a claim of one run admits a third.
+    assert!(
+        s.claim_runnable("host-2", T0, TTL, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    assert_eq!(claim(s, &run_id(3), "host-2", T0).await, None);
+    let waiting = s.run(&run_id(3)).await.expect("read").expect("exists");
+    assert_eq!(
+        (waiting.status, waiting.admitted, waiting.lease),
+        (RunStatus::Queued, false, None)
+    );
+    // A slot frees when a run ends: the oldest waiting run takes it.
+    end_run(s, &got[0].1, 0, RunStatus::Completed).await;
+    let ended = s.run(&run_id(1)).await.expect("read").expect("exists");
+    assert!(!ended.admitted, "an ended run holds no slot");
+    let next = s
+        .claim_runnable("host-2", T0 + 1, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(claimed_ids(&next), [run_id(3)]);
+    // A held creation into a full group waits queued, held by no one.
+    let held = NewRun {
+        lease: Some(LeaseRequest {
+            owner: "host-3".into(),
+            ttl_ms: TTL,
+        }),
+        ..in_group(8, v.version, "demo.flow", 2)
+    };
+    let rec = s.create_run(held).await.expect("create").into_record();
+    assert_eq!((rec.lease.clone(), rec.admitted), (None, false));
+    assert_eq!(s.run(&rec.id).await.expect("read"), Some(rec));
+    // A run handed back before it ended keeps its slot: whoever claims it
+    // next needs none, and no other run gets in meanwhile.
+    s.release_lease(&next[0].1).await.expect("release");
+    assert_eq!(claim(s, &run_id(4), "host-4", T0 + 2).await, None);
+    let again = claim(s, &run_id(3), "host-4", T0 + 2)
+        .await
+        .expect("reclaim");
+    assert_eq!(again.epoch, next[0].1.epoch + 1);
+    // A lease that expires keeps the slot too: the takeover needs none.
+    let later = T0 + 2 + TTL;
+    let took = s
+        .claim_runnable("host-5", later, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed_ids(&took),
+        [run_id(2), run_id(3), run_id(6), run_id(7)],
+        "takeovers only"
+    );
+    // A failed run gives its slot up; retried, it waits for one like any
+    // other — behind the older waiting run 4.
+    let three = took
+        .iter()
+        .find(|(r, _)| r.id == run_id(3))
+        .expect("3")
+        .1
+        .clone();
+    end_run(s, &three, 0, RunStatus::Failed).await;
+    let mut retry = set_status(&run_id(3), RunStatus::Queued);
+    retry.events = vec![event(1, "run_retried")];
+    s.commit(retry).await.expect("retry");
+    let got = s
+        .claim_runnable("host-5", later, TTL, 10)
+        .await
+        .expect("claim");
+    assert_eq!(claimed_ids(&got), [run_id(3)]);
+    assert!(got[0].0.admitted);
+    assert_eq!(claim(s, &run_id(4), "host-5", later).await, None);
+}
+
+/// A group that refuses when full (`on_overflow: drop`) refuses a new run
+/// while `max_runs` of its runs have not ended — queued or admitted —
+/// naming them, oldest first, and writes nothing; once one ends, the new
+/// run goes in. A retry under an idempotency key is the existing run, not
+/// a new one.
+async fn a_full_group_refuses_or_queues_a_new_run(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    let refusing = |n: u128| NewRun {
+        admission: Some(AdmissionRequest {
+            group: "drop.flow".into(),
+            max_runs: 2,
+            refuse_when_full: true,
+        }),
+        idempotency_key: Some(format!("k{n}")),
+        ..new_run(n, v.version, &json!(n as u64))
+    };
+    s.create_run(refusing(1)).await.expect("first");
+    s.create_run(refusing(2)).await.expect("second");
+    let err = s.create_run(refusing(3)).await.expect_err("full");
+    match &err {
+        StoreError::AdmissionFull {
+            group,
+            max_runs,
+            active,
+        } => {
+            assert_eq!((group.as_str(), *max_runs), ("drop.flow", 2));
+            assert_eq!(active, &[run_id(1), run_id(2)]);
+        }
+        other => panic!("expected AdmissionFull, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("drop.flow")
+            && msg.contains(run_id(1).as_str())
+            && msg.contains("nothing was written"),
+        "{msg}"
+    );
+    assert_eq!(s.run(&run_id(3)).await.expect("read"), None);
+    // The same request again under its key: the existing run, not refused.
+    assert!(matches!(
+        s.create_run(refusing(2)).await.expect("retry"),
+        CreateRun::Existing(_)
+    ));
+    // A run that ends makes room.
+    let lease = claim(s, &run_id(1), "host-1", T0).await.expect("claim");
+    end_run(s, &lease, 0, RunStatus::Cancelled).await;
+    let rec = s.create_run(refusing(3)).await.expect("room").into_record();
+    assert_eq!(rec.status, RunStatus::Queued);
+}
+
+/// Many claimers at once on one group never admit more than its
+/// `max_runs`, round after round.
+async fn racing_claimers_never_admit_more_than_max_runs(h: &Harness) {
+    let stores = h.stores().await;
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    for n in 0..24 {
+        s.create_run(in_group(100 + n, v.version, "race", 3))
+            .await
+            .expect("create");
+    }
+    let mut ended = 0;
+    for round in 0..4u64 {
+        let mut tasks = Vec::new();
+        for (k, st) in stores.iter().cycle().take(6).enumerate() {
+            let st = Arc::clone(st);
+            tasks.push(tokio::spawn(async move {
+                let owner = format!("host-{k}");
+                let mut got = st.claim_runnable(&owner, T0, TTL, 2).await.expect("claim");
+                // And one by one: the oldest run of the group not held.
+                for n in 100..124 {
+                    if let Some(l) = st
+                        .claim_run(&run_id(n), &owner, T0, TTL)
+                        .await
+                        .expect("claim")
+                    {
+                        let rec = st.run(&run_id(n)).await.expect("read").expect("exists");
+                        got.push((rec, l));
+                        break;
+                    }
+                }
+                got
+            }));
+        }
+        let mut leases: Vec<Lease> = Vec::new();
+        for t in tasks {
+            for (_, l) in t.await.expect("task") {
+                leases.push(l);
+            }
+        }
+        // Reclaims by another owner of a live lease are refused, so each
+        // admitted run is in `leases` at most once per owner; count runs.
+        let admitted: BTreeSet<RunId> = leases.iter().map(|l| l.run.clone()).collect();
+        let stored = s
+            .list_runs(RunFilter::default())
+            .await
+            .expect("runs")
+            .into_iter()
+            .filter(|r| r.admitted)
+            .count();
+        assert_eq!(
+            stored, 3,
+            "round {round}: the group's slots are all taken, no more"
+        );
+        assert!(admitted.len() <= 3, "round {round}: {admitted:?}");
+        // End what is admitted, as its current holder.
+        for r in s.list_runs(RunFilter::default()).await.expect("runs") {
+            if r.admitted {
+                let lease = r.lease.clone().expect("an admitted run here is held");
+                let next = s.events(&r.id).await.expect("events").len() as u64;
+                end_run(s, &lease, next, RunStatus::Completed).await;
+                ended += 1;
+            }
+        }
+    }
+    assert_eq!(ended, 12);
+}
+
 async fn claim_runnable_takes_the_oldest_runs_that_need_a_driver(h: &Harness) {
     let s = h.s();
     let v = publish(s, "demo.flow", "a", None).await;
@@ -2435,11 +2719,11 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
-    assert_eq!(SCHEMA_VERSION, 4, "this code writes schema 4");
+    assert_eq!(SCHEMA_VERSION, 5, "this code writes schema 5");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("poimen.db");
     populated_store(&path).await;
-    // The next schema (a v5 store written by a newer poimen), and one far ahead.
+    // The next schema (a v6 store written by a newer poimen), and one far ahead.
     for found in [SCHEMA_VERSION + 1, 99] {
         raw(&path)
             .execute_batch(&format!("PRAGMA user_version = {found};"))
@@ -2694,11 +2978,15 @@ async fn upgrades_with_every_row_intact(path: &Path, from: u32) {
             }
             // Every old column as it was; the tenant, new, is `default`;
             // the old lease of run 1 is epoch 1, expiring when it was
-            // claimed, and run 2, never claimed, has epoch 0 and no expiry.
+            // claimed, and run 2, never claimed, has epoch 0 and no expiry;
+            // neither is in an admission group.
             "runs" => {
                 use rusqlite::types::Value::{Integer, Null, Text};
                 assert_eq!(after[k].len(), before[k].len(), "{table}");
-                let leases = [[Integer(1), Integer(T0 + 1)], [Integer(0), Null]];
+                let leases = [
+                    [Integer(1), Integer(T0 + 1), Null, Null, Integer(0)],
+                    [Integer(0), Null, Null, Null, Integer(0)],
+                ];
                 for ((new, old), lease) in after[k].iter().zip(&before[k]).zip(&leases) {
                     assert_eq!(new[..old.len()], old[..], "{table}");
                     assert_eq!(new[old.len()], Text(DEFAULT_TENANT.into()), "{table}");

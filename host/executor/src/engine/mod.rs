@@ -15,7 +15,6 @@ mod judgment;
 mod operator;
 mod serve;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use poimen_store::{IntentRecord, Lease, RunId, RunRecord, RunStatus, Store};
@@ -46,9 +45,6 @@ pub struct StartOptions {
 #[derive(Clone)]
 pub struct Executor {
     kernel: Arc<Kernel>,
-    /// One admission at a time per workflow, so two starts cannot both see
-    /// the last free slot.
-    admission: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -72,7 +68,6 @@ impl Executor {
     ) -> Executor {
         Executor {
             kernel: Arc::new(Kernel::new(store, tools, models, clock, loader, config)),
-            admission: Arc::default(),
         }
     }
 
@@ -94,10 +89,16 @@ impl Executor {
 
     /// Drives a run [`Executor::start`] returned: under the lease it was
     /// created with, or — an existing run — by resuming it.
+    /// A run that waits for a slot of its admission group
+    /// (`concurrency.max_runs`, `on_overflow: queue`) is driven once it has
+    /// one.
     pub async fn drive_started(&self, started: Started) -> Result<RunOutcome, RunError> {
         match started.lease {
             Some(lease) => self.drive_root(&started.run, Some(lease)).await,
-            None => self.resume(&started.run).await,
+            None => match self.wait_for_slot(&started.run).await? {
+                Some(lease) => self.drive_root(&started.run, Some(lease)).await,
+                None => self.resume(&started.run).await,
+            },
         }
     }
 
@@ -132,9 +133,13 @@ impl Executor {
         opts: StartOptions,
         hold: bool,
     ) -> Result<Started, StartError> {
-        let _admitted = self
-            .admit(&runnable, &input, opts.idempotency_key.as_deref())
-            .await?;
+        // The run's admission group; `replace` makes room in it first. The
+        // store admits or refuses the run as it creates it.
+        let admission = admission::admission_of(&runnable.def, &input)?;
+        if let Some((a, _)) = &admission {
+            self.replace_oldest(&runnable, a, opts.idempotency_key.as_deref())
+                .await?;
+        }
         // A top-level run lives where its workflow's durability class says.
         let store = if runnable.def.durable {
             self.kernel.store.clone()
@@ -150,8 +155,15 @@ impl Executor {
             pins: None,
             tenant: opts.tenant,
             hold,
+            admission: admission.as_ref().map(|(a, _)| a.clone()),
         };
-        Ok(run::create(&self.kernel, store, spec).await?)
+        let def = spec.runnable.def.clone();
+        run::create(&self.kernel, store, spec)
+            .await
+            .map_err(|e| match (e, admission) {
+                (run::CreateError::Store(e), Some((_, key))) => admission::overflow(&def, key, e),
+                (e, _) => e.into(),
+            })
     }
 
     /// The store that holds a run, and its record.

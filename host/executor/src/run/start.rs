@@ -80,7 +80,11 @@ pub(crate) fn held_message(run: &RunId, holder: &Option<Lease>) -> String {
              another host takes it over only once that lease expires unrenewed — try again after it",
             h.owner, h.epoch, h.expires_at
         ),
-        None => format!("run {run} could not be claimed; try again"),
+        None => format!(
+            "run {run} could not be claimed: no host holds it, so it waits for a slot of its \
+             workflow's `concurrency` group (it starts when one of the group's runs ends); try \
+             again then"
+        ),
     }
 }
 
@@ -101,6 +105,9 @@ pub(crate) struct NewRunSpec {
     /// Whether this host takes the new run's lease to drive it now; if not,
     /// the run is left `queued` for any host to claim.
     pub hold: bool,
+    /// A top-level run's concurrency group: a held run of a full group is
+    /// left `queued` too, until a slot frees.
+    pub admission: Option<poimen_store::AdmissionRequest>,
 }
 
 /// Creates a run in `store` and records its start: the input is checked
@@ -123,6 +130,7 @@ pub(crate) async fn create(
         pins,
         tenant,
         hold,
+        admission,
     } = spec;
     let def = &runnable.def;
     if let Some(schema) = &runnable.schemas.inputs {
@@ -167,6 +175,7 @@ pub(crate) async fn create(
                 owner: kernel.config.host_id.clone(),
                 ttl_ms: kernel.config.lease_ttl_ms,
             }),
+            admission,
             created_at: now,
         })
         .await?;
@@ -191,9 +200,10 @@ pub(crate) async fn create(
         verifiers: pins.verifiers,
         subworkflows: pins.subworkflows,
     };
-    if !hold {
-        // Queued: the start is recorded (pins and all) but the run stays
-        // `queued`, held by no one, until a host claims it.
+    // Not held — enqueued, or held and its admission group is full: the
+    // start is recorded (pins and all) but the run stays `queued`, held by
+    // no one, until a host claims it.
+    if !hold || (!existing && rec.lease.is_none()) {
         let (commit, _) = super::store_commit(
             &rec.id,
             None,

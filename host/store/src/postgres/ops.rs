@@ -22,9 +22,9 @@ use crate::codec::{bad_value, effect_name, json_value, parse, parse_effect, to_l
 use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
-    JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
-    StoredEvent, VersionRecord, WorkflowSummary, expiry,
+    Admission, Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentRecord,
+    JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord,
+    RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 
@@ -327,7 +327,7 @@ pub(crate) async fn blob(c: &Object, ctx: &Ctx, h: &BlobHash) -> Result<Option<V
 const RUN_COLS: &str = "r.id, r.workflow_id, r.version, r.tenant, r.status, r.reason, \
                         r.input_hash, r.output_hash, r.idempotency_key, r.parent_run, \
                         r.parent_step, r.created_at, r.updated_at, r.owner, r.lease_epoch, \
-                        r.lease_expires_at";
+                        r.lease_expires_at, r.admission_group, r.admission_max, r.admitted";
 
 const IN_FLIGHT: &str = "r.status IN ('queued', 'running', 'waiting_judgment', 'blocked')";
 
@@ -349,6 +349,16 @@ fn to_run(ctx: &Ctx, row: &Row) -> Result<RunRecord> {
         get(ctx, row, 14)?,
         get(ctx, row, 15)?,
     )?;
+    let admission = match (
+        get::<Option<String>>(ctx, row, 16)?,
+        get::<Option<i32>>(ctx, row, 17)?,
+    ) {
+        (Some(group), Some(max)) => Some(Admission {
+            group,
+            max_runs: u32::try_from(max).map_err(|_| bad_value(p, "admission max", max))?,
+        }),
+        _ => None,
+    };
     Ok(RunRecord {
         workflow_id: WorkflowId(get(ctx, row, 1)?),
         version: parse(p, "version", get::<&str>(ctx, row, 2)?)?,
@@ -364,6 +374,8 @@ fn to_run(ctx: &Ctx, row: &Row) -> Result<RunRecord> {
         created_at: get(ctx, row, 11)?,
         updated_at: get(ctx, row, 12)?,
         lease,
+        admission,
+        admitted: get(ctx, row, 18)?,
         id,
     })
 }
@@ -433,29 +445,17 @@ pub(crate) async fn create_run(c: &Object, ctx: &Ctx, new: NewRun) -> Result<Cre
             .ok_or_else(|| StoreError::not_found(format!("parent run {parent}")))?;
             rules::check_parent_tenant(&new, &parent_tenant)?;
         }
-        // One statement: the run, and its input blob only if the run went
-        // in (the foreign key is checked at the statement's end, when both
-        // are there). A conflict on the id or the key — another host
-        // created the run since the reads — writes nothing, and the loop
-        // reads again to answer as the second writer does.
+        // One call (poimen_create_run): the run and its input blob, under
+        // its admission group's lock. A conflict on the id or the key —
+        // another host created the run since the reads — writes nothing,
+        // and the loop reads again to answer as the second writer does.
+        let adm = new.admission.as_ref();
+        let max: Option<i32> = adm.map(|a| i32::try_from(a.max_runs).unwrap_or(i32::MAX));
         let row = query_one(
             c,
             ctx,
-            "WITH r AS (
-                 INSERT INTO runs (id, workflow_id, version, tenant, status, input_hash,
-                                   idempotency_key, parent_run, parent_step, created_at,
-                                   updated_at, owner, lease_epoch, lease_expires_at, claimed_at)
-                 VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9::bigint, $9::bigint,
-                         $10::text, CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END,
-                         $11::bigint, CASE WHEN $10::text IS NULL THEN NULL ELSE $9::bigint END)
-                 ON CONFLICT DO NOTHING
-                 RETURNING input_hash
-             )
-             , b AS (
-                 INSERT INTO blobs (hash, size, bytes) SELECT input_hash, $12::bigint, $13::bytea FROM r
-                 ON CONFLICT (hash) DO NOTHING
-             )
-             SELECT count(*) FROM r",
+            "SELECT outcome, held, unended FROM poimen_create_run(
+                 $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             &[
                 &new.id.as_str(),
                 &workflow_id.as_str(),
@@ -470,25 +470,43 @@ pub(crate) async fn create_run(c: &Object, ctx: &Ctx, new: NewRun) -> Result<Cre
                 &lease.as_ref().map(|l| l.expires_at),
                 &(new.input.len() as i64),
                 &new.input,
+                &adm.map(|a| a.group.as_str()),
+                &max,
+                &adm.is_some_and(|a| a.refuse_when_full),
             ],
         )
         .await?;
-        if get::<i64>(ctx, &row, 0)? == 1 {
-            return Ok(CreateRun::Created(RunRecord {
-                id: new.id,
-                workflow_id,
-                version: new.version,
-                tenant: new.tenant,
-                status: RunStatus::Queued,
-                reason: None,
-                input_hash,
-                output_hash: None,
-                idempotency_key: new.idempotency_key,
-                parent: new.parent,
-                created_at: new.created_at,
-                updated_at: new.created_at,
-                lease,
-            }));
+        let outcome: &str = get(ctx, &row, 0)?;
+        match (outcome, adm) {
+            ("full", Some(a)) => {
+                let ids: Vec<String> = get(ctx, &row, 2)?;
+                let active = ids
+                    .iter()
+                    .map(|id| parse(ctx.p(), "run id", id))
+                    .collect::<Result<Vec<RunId>>>()?;
+                return Err(rules::admission_full(a, active));
+            }
+            ("created", _) => {
+                let held: bool = get(ctx, &row, 1)?;
+                return Ok(CreateRun::Created(RunRecord {
+                    id: new.id,
+                    workflow_id,
+                    version: new.version,
+                    tenant: new.tenant,
+                    status: RunStatus::Queued,
+                    reason: None,
+                    input_hash,
+                    output_hash: None,
+                    idempotency_key: new.idempotency_key,
+                    parent: new.parent,
+                    created_at: new.created_at,
+                    updated_at: new.created_at,
+                    lease: if held { lease } else { None },
+                    admitted: adm.is_some() && held,
+                    admission: adm.map(|a| a.admission()),
+                }));
+            }
+            _ => {}
         }
     }
     // Lost the race CREATE_ATTEMPTS times over: retrying later will work.
@@ -561,20 +579,14 @@ pub(crate) async fn claim_run(
     now: i64,
     ttl_ms: i64,
 ) -> Result<Option<Lease>> {
-    // rules::may_claim, as one statement: a claim that waited for another
-    // on the row re-checks the condition against what that one wrote.
+    // rules::may_claim and the run's admission, in one call
+    // (poimen_claim_run): a claim that waited for another on the row
+    // re-checks the condition against what that one wrote.
     let expires_at = expiry(now, ttl_ms);
     let row = query_one(
         c,
         ctx,
-        "WITH claimed AS (
-             UPDATE runs r SET owner = $2, lease_epoch = r.lease_epoch + 1,
-                               lease_expires_at = $4, claimed_at = $3
-             WHERE r.id = $1 AND r.status IN ('queued', 'running', 'waiting_judgment', 'blocked')
-               AND (r.owner IS NULL OR r.owner = $2 OR r.lease_expires_at <= $3)
-             RETURNING r.lease_epoch
-         )
-         SELECT (SELECT lease_epoch FROM claimed), EXISTS (SELECT 1 FROM runs WHERE id = $1)",
+        "SELECT claimed_epoch, run_exists FROM poimen_claim_run($1, $2, $3, $4)",
         &[&run.as_str(), &owner, &now, &expires_at],
     )
     .await?;
@@ -595,29 +607,14 @@ pub(crate) async fn claim_runnable(
     ttl_ms: i64,
     limit: u32,
 ) -> Result<Vec<(RunRecord, Lease)>> {
-    // rules::is_runnable; SKIP LOCKED passes over rows another claim (or a
-    // commit) holds, and a row another claim took since this statement's
-    // snapshot is re-checked, no longer matches, and is left out.
+    // rules::is_runnable and admission, in one call (poimen_claim_runnable):
+    // SKIP LOCKED passes over rows another claim (or a commit) holds, and a
+    // row another claim took since a statement's snapshot is re-checked, no
+    // longer matches, and is left out.
     let expires_at = expiry(now, ttl_ms);
-    let sql = format!(
-        "UPDATE runs r SET owner = $1, lease_epoch = r.lease_epoch + 1,
-                           lease_expires_at = $3, claimed_at = $2
-         FROM (SELECT id FROM runs
-               WHERE status IN ('queued', 'running')
-                 AND (owner IS NULL OR lease_expires_at <= $2)
-               ORDER BY created_at, id
-               LIMIT $4
-               FOR NO KEY UPDATE SKIP LOCKED) picked
-         WHERE r.id = picked.id
-         RETURNING {RUN_COLS}"
-    );
-    let rows = query(
-        c,
-        ctx,
-        &sql,
-        &[&owner, &now, &expires_at, &i64::from(limit)],
-    )
-    .await?;
+    let lim = i32::try_from(limit).unwrap_or(i32::MAX);
+    let sql = format!("SELECT {RUN_COLS} FROM poimen_claim_runnable($1, $2, $3, $4) r");
+    let rows = query(c, ctx, &sql, &[&owner, &now, &expires_at, &lim]).await?;
     let mut claimed = rows
         .iter()
         .map(|row| {

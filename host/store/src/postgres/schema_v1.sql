@@ -108,6 +108,15 @@ CREATE TABLE runs (
     lease_epoch      bigint NOT NULL DEFAULT 0 CHECK (lease_epoch >= 0),
     lease_expires_at bigint,
     claimed_at       bigint,
+    -- Admission: the concurrency group the run is admitted under (NULL:
+    -- its workflow sets no max_runs), the group's max_runs as the run's
+    -- version says, and whether the run holds one of the group's slots
+    -- (from the claim that admitted it until the commit that ends it).
+    admission_group  text COLLATE "C",
+    admission_max    integer CHECK (admission_max >= 0),
+    admitted         boolean NOT NULL DEFAULT false,
+    CHECK ((admission_group IS NULL) = (admission_max IS NULL)),
+    CHECK (admission_group IS NOT NULL OR NOT admitted),
     CHECK ((parent_run IS NULL) = (parent_step IS NULL)),
     CHECK ((owner IS NULL) = (lease_expires_at IS NULL)),
     CHECK (owner IS NULL OR lease_epoch > 0)
@@ -119,6 +128,9 @@ CREATE INDEX runs_by_parent ON runs (parent_run, seq) WHERE parent_run IS NOT NU
 CREATE INDEX runs_by_owner ON runs (owner, seq) WHERE owner IS NOT NULL;
 -- claim_runnable: queued and running runs, oldest first.
 CREATE INDEX runs_runnable ON runs (created_at, id) WHERE status IN ('queued', 'running');
+-- Admission: a group's runs, for the count of its slots in use.
+CREATE INDEX runs_admission ON runs (admission_group, created_at, id)
+    WHERE admission_group IS NOT NULL;
 
 CREATE FUNCTION poimen_runs_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -139,10 +151,12 @@ FOR EACH ROW EXECUTE FUNCTION poimen_runs_insert();
 CREATE FUNCTION poimen_runs_update() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF (NEW.seq, NEW.id, NEW.workflow_id, NEW.version, NEW.tenant, NEW.input_hash,
-        NEW.idempotency_key, NEW.parent_run, NEW.parent_step, NEW.created_at)
+        NEW.idempotency_key, NEW.parent_run, NEW.parent_step, NEW.created_at,
+        NEW.admission_group, NEW.admission_max)
        IS DISTINCT FROM
        (OLD.seq, OLD.id, OLD.workflow_id, OLD.version, OLD.tenant, OLD.input_hash,
-        OLD.idempotency_key, OLD.parent_run, OLD.parent_step, OLD.created_at) THEN
+        OLD.idempotency_key, OLD.parent_run, OLD.parent_step, OLD.created_at,
+        OLD.admission_group, OLD.admission_max) THEN
         RAISE EXCEPTION 'poimen: a run''s identity is immutable' USING ERRCODE = 'PM002';
     END IF;
     IF OLD.status IN ('completed', 'cancelled')
@@ -157,6 +171,156 @@ BEGIN
 END $$;
 CREATE TRIGGER runs_update BEFORE UPDATE ON runs
 FOR EACH ROW EXECUTE FUNCTION poimen_runs_update();
+-- Admission is decided under a transaction-scoped advisory lock per group
+-- (the key: the group's name hashed), so that two hosts never both see the
+-- last free slot: every write that takes a slot — a held creation, a claim
+-- — holds it while it counts and writes. Freeing a slot needs no lock.
+CREATE FUNCTION poimen_admission_key(grp text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('poimen.admission:' || grp, 0) $$;
+
+-- create_run: the run and its input blob, in one call. A run of an
+-- admission group is refused when the group refuses when full and has
+-- p_max runs not ended ('full', with their ids); a held creation gets its
+-- lease only if the group has a free slot. A conflict on the id or the
+-- idempotency key writes nothing ('conflict': the caller reads again).
+CREATE FUNCTION poimen_create_run(
+    p_id text, p_workflow text, p_version text, p_tenant text, p_input_hash text,
+    p_key text, p_parent_run text, p_parent_step text, p_at bigint, p_owner text,
+    p_expires bigint, p_size bigint, p_bytes bytea, p_group text, p_max integer,
+    p_refuse boolean)
+RETURNS TABLE (outcome text, held boolean, unended text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    who text := p_owner;
+    ids text[];
+BEGIN
+    IF p_group IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(poimen_admission_key(p_group));
+        IF p_refuse THEN
+            SELECT coalesce(array_agg(id ORDER BY created_at, id), '{}') INTO ids FROM runs
+            WHERE admission_group = p_group
+              AND status NOT IN ('completed', 'failed', 'cancelled');
+            IF cardinality(ids) >= p_max THEN
+                RETURN QUERY SELECT 'full'::text, false, ids;
+                RETURN;
+            END IF;
+        END IF;
+        IF who IS NOT NULL AND (SELECT count(*) FROM runs
+                                WHERE admission_group = p_group AND admitted) >= p_max THEN
+            who := NULL;
+        END IF;
+    END IF;
+    BEGIN
+        INSERT INTO blobs (hash, size, bytes) VALUES (p_input_hash, p_size, p_bytes)
+        ON CONFLICT (hash) DO NOTHING;
+        INSERT INTO runs (id, workflow_id, version, tenant, status, input_hash, idempotency_key,
+                          parent_run, parent_step, created_at, updated_at, owner, lease_epoch,
+                          lease_expires_at, claimed_at, admission_group, admission_max, admitted)
+        VALUES (p_id, p_workflow, p_version, p_tenant, 'queued', p_input_hash, p_key,
+                p_parent_run, p_parent_step, p_at, p_at, who,
+                CASE WHEN who IS NULL THEN 0 ELSE 1 END,
+                CASE WHEN who IS NULL THEN NULL ELSE p_expires END,
+                CASE WHEN who IS NULL THEN NULL ELSE p_at END,
+                p_group, p_max, p_group IS NOT NULL AND who IS NOT NULL);
+    EXCEPTION WHEN unique_violation THEN
+        RETURN QUERY SELECT 'conflict'::text, false, NULL::text[];
+        RETURN;
+    END;
+    RETURN QUERY SELECT 'created'::text, who IS NOT NULL, NULL::text[];
+END $$;
+
+-- claim_run: as rules::may_claim says, and — for a run that needs a slot of
+-- its admission group — only if one is free. (NULL, true): refused;
+-- (NULL, false): no such run.
+CREATE FUNCTION poimen_claim_run(run_id text, who text, now_ms bigint, expires bigint)
+RETURNS TABLE (claimed_epoch bigint, run_exists boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    grp text;
+    adm boolean;
+    mx integer;
+BEGIN
+    SELECT admission_group, admitted, admission_max INTO grp, adm, mx FROM runs WHERE id = run_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::bigint, false;
+        RETURN;
+    END IF;
+    IF grp IS NOT NULL AND NOT adm THEN
+        PERFORM pg_advisory_xact_lock(poimen_admission_key(grp));
+        SELECT admitted INTO adm FROM runs WHERE id = run_id;
+        IF NOT adm AND (SELECT count(*) FROM runs
+                        WHERE admission_group = grp AND admitted) >= mx THEN
+            RETURN QUERY SELECT NULL::bigint, true;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE runs r SET owner = who, lease_epoch = r.lease_epoch + 1,
+                          lease_expires_at = expires, claimed_at = now_ms,
+                          admitted = (r.admission_group IS NOT NULL)
+        WHERE r.id = run_id
+          AND r.status IN ('queued', 'running', 'waiting_judgment', 'blocked')
+          AND (r.owner IS NULL OR r.owner = who OR r.lease_expires_at <= now_ms)
+        RETURNING r.lease_epoch
+    )
+    SELECT (SELECT lease_epoch FROM claimed), true;
+END $$;
+
+-- claim_runnable: up to lim runs that need a driver (rules::is_runnable),
+-- oldest first. First those that need no slot (no admission group, or one
+-- they hold); then, group by group (oldest waiting run first), a group's
+-- waiting runs oldest first while it has free slots. A group another
+-- claimer is admitting at this moment is passed over (its lock is taken),
+-- and a full group holds back no other. SKIP LOCKED passes over rows
+-- another claim or a commit holds.
+CREATE FUNCTION poimen_claim_runnable(who text, now_ms bigint, expires bigint, lim integer)
+RETURNS SETOF runs
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken bigint := 0;
+    g record;
+    c record;
+    used bigint;
+BEGIN
+    RETURN QUERY
+    UPDATE runs r SET owner = who, lease_epoch = r.lease_epoch + 1,
+                      lease_expires_at = expires, claimed_at = now_ms
+    FROM (SELECT id FROM runs
+          WHERE status IN ('queued', 'running')
+            AND (owner IS NULL OR lease_expires_at <= now_ms)
+            AND (admission_group IS NULL OR admitted)
+          ORDER BY created_at, id
+          LIMIT lim
+          FOR NO KEY UPDATE SKIP LOCKED) picked
+    WHERE r.id = picked.id
+    RETURNING r.*;
+    GET DIAGNOSTICS taken = ROW_COUNT;
+    FOR g IN SELECT admission_group AS grp, min(created_at) AS first FROM runs
+             WHERE status IN ('queued', 'running') AND admission_group IS NOT NULL
+               AND NOT admitted AND (owner IS NULL OR lease_expires_at <= now_ms)
+             GROUP BY admission_group ORDER BY first, admission_group LOOP
+        EXIT WHEN taken >= lim;
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(poimen_admission_key(g.grp));
+        SELECT count(*) INTO used FROM runs WHERE admission_group = g.grp AND admitted;
+        FOR c IN SELECT id, admission_max FROM runs
+                 WHERE admission_group = g.grp AND NOT admitted
+                   AND status IN ('queued', 'running')
+                   AND (owner IS NULL OR lease_expires_at <= now_ms)
+                 ORDER BY created_at, id
+                 FOR NO KEY UPDATE SKIP LOCKED LOOP
+            EXIT WHEN taken >= lim OR used >= c.admission_max;
+            RETURN QUERY
+            UPDATE runs r SET owner = who, lease_epoch = r.lease_epoch + 1,
+                              lease_expires_at = expires, claimed_at = now_ms, admitted = true
+            WHERE r.id = c.id
+            RETURNING r.*;
+            used := used + 1;
+            taken := taken + 1;
+        END LOOP;
+    END LOOP;
+END $$;
+
 CREATE TRIGGER runs_no_delete BEFORE DELETE ON runs
 FOR EACH ROW EXECUTE FUNCTION poimen_refuse('runs are never deleted');
 CREATE TRIGGER runs_no_truncate BEFORE TRUNCATE ON runs
@@ -441,7 +605,9 @@ BEGIN
                         owner = CASE WHEN upd->>'status' IN ('completed', 'failed', 'cancelled')
                                      THEN NULL ELSE owner END,
                         lease_expires_at = CASE WHEN upd->>'status' IN ('completed', 'failed', 'cancelled')
-                                                THEN NULL ELSE lease_expires_at END
+                                                THEN NULL ELSE lease_expires_at END,
+                        admitted = CASE WHEN upd->>'status' IN ('completed', 'failed', 'cancelled')
+                                        THEN false ELSE admitted END
         WHERE id = run_id;
     END IF;
 END $$;

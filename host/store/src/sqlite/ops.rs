@@ -18,9 +18,9 @@ use crate::codec::{bad_value, effect_name, json_value, parse, parse_effect, to_l
 use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
-    Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
-    VersionRecord, WorkflowSummary, expiry,
+    Admission, Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
+    JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
+    StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 
@@ -273,7 +273,8 @@ pub(crate) fn blob(c: &Connection, p: &Path, h: &BlobHash) -> Result<Option<Vec<
 
 const RUN_COLS: &str = "id, workflow_id, version, status, reason, input_hash, output_hash, \
                         idempotency_key, parent_run, parent_step, created_at, updated_at, owner, \
-                        tenant, lease_epoch, lease_expires_at";
+                        tenant, lease_epoch, lease_expires_at, admission_group, admission_max, \
+                        admitted";
 
 struct RawRun {
     id: String,
@@ -292,6 +293,9 @@ struct RawRun {
     tenant: String,
     lease_epoch: i64,
     lease_expires_at: Option<i64>,
+    admission_group: Option<String>,
+    admission_max: Option<i64>,
+    admitted: bool,
 }
 
 fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -312,6 +316,9 @@ fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
         tenant: r.get(13)?,
         lease_epoch: r.get(14)?,
         lease_expires_at: r.get(15)?,
+        admission_group: r.get(16)?,
+        admission_max: r.get(17)?,
+        admitted: r.get(18)?,
     })
 }
 
@@ -322,6 +329,13 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
     };
     let id: RunId = parse(p, "run id", &r.id)?;
     let lease = to_lease(p, &id, r.owner, r.lease_epoch, r.lease_expires_at)?;
+    let admission = match (r.admission_group, r.admission_max) {
+        (Some(group), Some(max)) => Some(Admission {
+            group,
+            max_runs: u32::try_from(max).map_err(|_| bad_value(p, "admission max", max))?,
+        }),
+        _ => None,
+    };
     Ok(RunRecord {
         id,
         workflow_id: WorkflowId(r.workflow_id),
@@ -339,6 +353,8 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
         created_at: r.created_at,
         updated_at: r.updated_at,
         lease,
+        admission,
+        admitted: r.admitted,
     })
 }
 
@@ -386,8 +402,35 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
             .ok_or_else(|| StoreError::not_found(format!("parent run {parent}")))?;
         rules::check_parent_tenant(&new, &parent_tenant)?;
     }
+    // A group that refuses when full counts every run not yet ended; a held
+    // creation takes a slot if one is free, else waits queued.
+    let mut held = new.lease.as_ref();
+    if let Some(a) = &new.admission {
+        if a.refuse_when_full {
+            let unended: Vec<String> = collect(
+                c,
+                p,
+                "SELECT id FROM runs WHERE admission_group = ?1
+                   AND status NOT IN ('completed', 'failed', 'cancelled')
+                 ORDER BY created_at, id",
+                [a.group.as_str()],
+                |r| r.get::<_, String>(0),
+                Ok,
+            )?;
+            if unended.len() >= a.max_runs as usize {
+                let active = unended
+                    .iter()
+                    .map(|id| parse(p, "run id", id))
+                    .collect::<Result<Vec<RunId>>>()?;
+                return Err(rules::admission_full(a, active));
+            }
+        }
+        if admitted_in(c, p, &a.group)? >= i64::from(a.max_runs) {
+            held = None;
+        }
+    }
     put_blob(c, p, &new.input)?;
-    let lease = new.lease.as_ref().map(|l| Lease {
+    let lease = held.map(|l| Lease {
         run: new.id.clone(),
         owner: l.owner.clone(),
         epoch: 1,
@@ -396,10 +439,12 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
     c.prepare_cached(
         "INSERT INTO runs (id, workflow_id, version, status, input_hash, idempotency_key,
                            parent_run, parent_step, created_at, updated_at, owner, claimed_at,
-                           tenant, lease_epoch, lease_expires_at)
+                           tenant, lease_epoch, lease_expires_at, admission_group,
+                           admission_max, admitted)
          VALUES (?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?7, ?8, ?8, ?9,
                  CASE WHEN ?9 IS NULL THEN NULL ELSE ?8 END, ?10,
-                 CASE WHEN ?9 IS NULL THEN 0 ELSE 1 END, ?11)",
+                 CASE WHEN ?9 IS NULL THEN 0 ELSE 1 END, ?11, ?12, ?13,
+                 ?12 IS NOT NULL AND ?9 IS NOT NULL)",
     )
     .and_then(|mut s| {
         s.execute(params![
@@ -414,6 +459,8 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
             lease.as_ref().map(|l| l.owner.as_str()),
             new.tenant,
             lease.as_ref().map(|l| l.expires_at),
+            new.admission.as_ref().map(|a| a.group.as_str()),
+            new.admission.as_ref().map(|a| i64::from(a.max_runs)),
         ])
     })
     .at(p)?;
@@ -430,6 +477,8 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         parent: new.parent,
         created_at: new.created_at,
         updated_at: new.created_at,
+        admitted: new.admission.is_some() && lease.is_some(),
+        admission: new.admission.as_ref().map(|a| a.admission()),
         lease,
     }))
 }
@@ -510,7 +559,7 @@ fn start_tenure(
     let epoch: i64 = c
         .prepare_cached(
             "UPDATE runs SET owner = ?2, lease_epoch = lease_epoch + 1, lease_expires_at = ?3,
-                 claimed_at = ?4
+                 claimed_at = ?4, admitted = (admission_group IS NOT NULL)
              WHERE id = ?1 RETURNING lease_epoch",
         )
         .and_then(|mut s| s.query_row(params![run.as_str(), owner, expires_at, now], |r| r.get(0)))
@@ -532,10 +581,31 @@ pub(crate) fn claim_run(
     ttl_ms: i64,
 ) -> Result<Option<Lease>> {
     let (status, current) = run_lease(c, p, run)?;
-    if !rules::may_claim(status, current.as_ref(), owner, now) {
+    if !rules::may_claim(status, current.as_ref(), owner, now) || !has_slot(c, p, run)? {
         return Ok(None);
     }
     start_tenure(c, p, run, owner, now, expiry(now, ttl_ms)).map(Some)
+}
+
+/// Whether `run` may be claimed as far as its admission group goes: it
+/// holds a slot already, needs none, or one of its group's is free.
+fn has_slot(c: &Connection, p: &Path, run: &RunId) -> Result<bool> {
+    c.prepare_cached(
+        "SELECT r.admission_group IS NULL OR r.admitted = 1
+                OR (SELECT count(*) FROM runs a
+                    WHERE a.admission_group = r.admission_group AND a.admitted = 1)
+                   < r.admission_max
+         FROM runs r WHERE r.id = ?1",
+    )
+    .and_then(|mut s| s.query_row([run.as_str()], |r| r.get(0)))
+    .at(p)
+}
+
+/// How many runs of `group` hold a slot.
+fn admitted_in(c: &Connection, p: &Path, group: &str) -> Result<i64> {
+    c.prepare_cached("SELECT count(*) FROM runs WHERE admission_group = ?1 AND admitted = 1")
+        .and_then(|mut s| s.query_row([group], |r| r.get(0)))
+        .at(p)
 }
 
 pub(crate) fn claim_runnable(
@@ -546,13 +616,23 @@ pub(crate) fn claim_runnable(
     ttl_ms: i64,
     limit: u32,
 ) -> Result<Vec<(RunRecord, Lease)>> {
-    // Runnable as `rules::is_runnable` says. The partial index
-    // runs_runnable holds queued and running runs in this order, so the
-    // scan stops after `limit` matches; without statistics SQLite would
-    // pick runs_by_status and sort, hence INDEXED BY.
+    // Runnable as `rules::is_runnable` says, oldest first (the partial
+    // index runs_runnable holds queued and running runs in this order;
+    // without statistics SQLite would pick runs_by_status and sort, hence
+    // INDEXED BY). A run that needs a slot of its admission group is taken
+    // only as far as the group has free slots, the oldest first (k counts
+    // a group's waiting runs); a full group holds back no other run.
     let sql = format!(
-        "SELECT {RUN_COLS} FROM runs INDEXED BY runs_runnable
-         WHERE status IN ('queued', 'running') AND (owner IS NULL OR lease_expires_at <= ?1)
+        "SELECT {RUN_COLS} FROM (
+             SELECT *, row_number() OVER (
+                 PARTITION BY admission_group, admitted ORDER BY created_at, id) AS k
+             FROM runs INDEXED BY runs_runnable
+             WHERE status IN ('queued', 'running') AND (owner IS NULL OR lease_expires_at <= ?1)
+         ) c
+         WHERE c.admission_group IS NULL OR c.admitted = 1
+            OR c.k <= c.admission_max - (SELECT count(*) FROM runs a
+                                         WHERE a.admission_group = c.admission_group
+                                           AND a.admitted = 1)
          ORDER BY created_at, id LIMIT ?2"
     );
     let candidates = collect(c, p, &sql, params![now, i64::from(limit)], raw_run, |r| {
@@ -565,6 +645,7 @@ pub(crate) fn claim_runnable(
         .map(|mut r| {
             let lease = start_tenure(c, p, &r.id, owner, now, expires_at)?;
             r.lease = Some(lease.clone());
+            r.admitted = r.admission.is_some();
             Ok((r, lease))
         })
         .collect()
@@ -824,7 +905,8 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
             // The commit that ends a run ends its tenure (the epoch stays).
             "UPDATE runs SET status = ?2, reason = ?3, output_hash = ?4, updated_at = ?5,
                 owner = CASE WHEN ?6 THEN NULL ELSE owner END,
-                lease_expires_at = CASE WHEN ?6 THEN NULL ELSE lease_expires_at END
+                lease_expires_at = CASE WHEN ?6 THEN NULL ELSE lease_expires_at END,
+                admitted = CASE WHEN ?6 THEN 0 ELSE admitted END
              WHERE id = ?1",
         )
         .and_then(|mut s| {

@@ -49,10 +49,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "runs: leases with fencing (lease_epoch, lease_expires_at); index runs_runnable",
         sql: include_str!("schema_v4.sql"),
     },
+    Migration {
+        version: 5,
+        name: "runs: admission groups (admission_group, admission_max, admitted)",
+        sql: include_str!("schema_v5.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 
@@ -411,7 +416,7 @@ mod tests {
         migrate(&mut conn, Path::new(":memory:"), &MIGRATIONS[..3]).expect("v3");
         let before = rows(&conn, "runs", "seq");
         assert_eq!(
-            migrate(&mut conn, Path::new(":memory:"), MIGRATIONS).expect("v4"),
+            migrate(&mut conn, Path::new(":memory:"), &MIGRATIONS[..4]).expect("v4"),
             3
         );
         assert_eq!(version_of(&conn), 4);

@@ -106,6 +106,7 @@ impl RunCtx {
                     pins: pinned.map(|p| p.pins),
                     tenant: self.scope.tenant.clone(),
                     hold: true,
+                    admission: None,
                 };
                 let child = match self.create_child(spec).await {
                     Ok(c) => c,
