@@ -803,6 +803,107 @@ async fn admission_across_three_hosts_is_exact_per_key_and_no_key_waits_behind_a
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_from_another_process_stops_the_host_driving_the_run() {
+    let db = PgDb::create("cancel").await;
+    let env = Env::new();
+    setup(&env, false);
+    let out = env
+        .cmd()
+        .args(["plugin", "add", plugin_artifacts::ADV_SPIN])
+        .output()
+        .expect("poimen plugin add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let wf = env.write(
+        "spinning.yaml",
+        "id: t.spinning\nsteps:\n  - id: spin\n    tool: {name: adv-spin}\n    timeout: 10m\n",
+    );
+    let out = env
+        .cmd()
+        .args(["--store", &db.url, "--policy", "policy.toml", "start"])
+        .arg(&wf)
+        .args(["--input", "{}"])
+        .output()
+        .expect("poimen start");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
+    let id: poimen::store::RunId = run.parse().expect("run id");
+    let host = serve(&env, &db.url, "spinner", "3s");
+    // Wait until the host is in the guest call.
+    let start = Instant::now();
+    loop {
+        let intents = store.intents(&id).await.expect("intents");
+        if intents
+            .iter()
+            .any(|i| i.phase == poimen::store::IntentPhase::Dispatched)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{}", host.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cancel from another process, which does not drive the run.
+    let out = env
+        .cmd()
+        .args(["--store", &db.url, "cancel", &run])
+        .output()
+        .expect("poimen cancel");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec = store.run(&id).await.expect("run").expect("stored");
+    assert_eq!(rec.status, RunStatus::Cancelled);
+    assert_eq!(rec.lease, None, "the cancel ended the host's tenure");
+    // The host hears it at its next heartbeat (a third of the 3 s lease)
+    // and stops the guest; nothing of it lands after the cancel.
+    let start = Instant::now();
+    while !host.log().contains("cancelled elsewhere") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the host did not stop driving the cancelled run: {}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = store.events(&id).await.expect("events");
+    assert_eq!(
+        events.last().map(|e| e.kind.as_str()),
+        Some("run_cancelled"),
+        "{events:?}"
+    );
+    let intents = store.intents(&id).await.expect("intents");
+    assert_eq!(
+        intents.last().map(|i| i.phase),
+        Some(poimen::store::IntentPhase::Abandoned),
+        "the dispatched call is closed, its outcome unknown: {intents:?}"
+    );
+    // The host is still serving: a new run goes through.
+    let out = env
+        .cmd()
+        .args(["--store", &db.url, "--policy", "policy.toml", "start"])
+        .arg(env.path().join("wf.yaml"))
+        .args(["--input", &json!({"text": "abc", "n": 1}).to_string()])
+        .output()
+        .expect("poimen start");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_settled(&*store, 2, Duration::from_secs(60), &[&host]).await;
+}
+
 #[test]
 fn store_urls_that_cannot_be_used_get_specific_errors() {
     let env = Env::new();

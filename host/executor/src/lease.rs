@@ -76,12 +76,25 @@ impl Tenure {
                             holder = %holder.owner,
                             "lease lost to another host; this host stops driving the run"
                         );
+                        // Interrupt what is in flight: every write of it
+                        // would be refused anyway.
+                        if let Some(scope) = k.driving(&current.run) {
+                            scope.cancel_run();
+                        }
                         return;
                     }
-                    // The run ended (its last commit ended the tenure) or
-                    // an operator's write did: nothing to renew.
+                    // The run ended: its last commit ended the tenure — this
+                    // host's, or an operator's cancel from anywhere, which
+                    // this host hears here and obeys.
                     Err(StoreError::LeaseLost { holder: None, .. }) => {
-                        tracing::debug!(run = %current.run, "the lease ended with the run");
+                        let cancelled = matches!(
+                            s.run(&current.run).await,
+                            Ok(Some(r)) if r.status == poimen_store::RunStatus::Cancelled
+                        );
+                        if cancelled && let Some(scope) = k.driving(&current.run) {
+                            tracing::info!(run = %current.run, "the run was cancelled elsewhere; this host stops driving it");
+                            scope.cancel_run();
+                        }
                         return;
                     }
                     // A store hiccup: try again at the next beat (the lease

@@ -31,6 +31,7 @@ mod rules;
 mod sqlite;
 mod store;
 mod url;
+mod wake;
 
 pub use error::{IdempotencyConflict, StoreError};
 pub use ids::{BlobHash, HASH_PREFIX, IdParseError, JudgmentId, RunId};

@@ -28,6 +28,7 @@ use crate::store::{Store, StoreResult};
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    wake: crate::wake::Wakeup,
 }
 
 type AttemptKey = (String, u32, u32);
@@ -303,6 +304,10 @@ impl Store for MemoryStore {
             s.run_keys.insert(key, i);
         }
         s.runs.push(rec.clone());
+        drop(s);
+        if rec.lease.is_none() {
+            self.wake.ring();
+        }
         Ok(CreateRun::Created(rec))
     }
 
@@ -347,6 +352,7 @@ impl Store for MemoryStore {
 
     async fn commit(&self, c: Commit) -> StoreResult<()> {
         rules::check_commit_shape(&c)?;
+        let work = rules::may_make_work(&c);
         let mut s = self.lock();
 
         // Validate everything against the stored state plus the batch,
@@ -499,7 +505,15 @@ impl Store for MemoryStore {
                 r.admitted = false;
             }
         }
+        drop(s);
+        if work {
+            self.wake.ring();
+        }
         Ok(())
+    }
+
+    async fn wait_for_work(&self, within: std::time::Duration) {
+        self.wake.wait(within).await;
     }
 
     async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>> {
@@ -600,6 +614,8 @@ impl Store for MemoryStore {
         let r = &mut s.runs[i];
         if rules::holds(r.lease.as_ref(), &lease.fence()) {
             r.lease = None;
+            drop(s);
+            self.wake.ring();
         }
         Ok(())
     }

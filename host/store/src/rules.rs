@@ -297,6 +297,16 @@ pub(crate) fn admission_full(
     }
 }
 
+/// Whether a commit may have made a run claimable: it ends a run (an
+/// admission slot may free), or an operator's (unfenced) write makes a run
+/// queued or running with no host driving it.
+pub(crate) fn may_make_work(c: &Commit) -> bool {
+    c.run_update.as_ref().is_some_and(|u| {
+        u.status.is_terminal()
+            || (c.fence.is_none() && matches!(u.status, RunStatus::Queued | RunStatus::Running))
+    })
+}
+
 /// Whether `current` is still the tenure `fence` names.
 pub(crate) fn holds(current: Option<&Lease>, fence: &Fence) -> bool {
     current.is_some_and(|l| l.owner == fence.owner && l.epoch == fence.epoch)

@@ -165,6 +165,17 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`StoreError::NotFound`] for an unknown run. Durable when it returns.
     async fn release_lease(&self, lease: &Lease) -> StoreResult<()>;
 
+    /// Waits until work may have become claimable — a run queued, a lease
+    /// handed back, a slot of an admission group freed, a run an operator
+    /// made runnable — or `within` has passed, whichever is first. A hint,
+    /// not a promise: the caller claims and finds out. PostgreSQL hears
+    /// every host's writes (LISTEN/NOTIFY); SQLite and the memory store
+    /// hear this process's (other processes on one SQLite file are found by
+    /// the caller's poll, `within`).
+    async fn wait_for_work(&self, within: std::time::Duration) {
+        tokio::time::sleep(within).await;
+    }
+
     /// Non-terminal runs whose lease `owner` holds (expired or not), oldest
     /// first.
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>>;

@@ -254,6 +254,7 @@ conformance!(
     admission_holds_a_group_to_max_runs_oldest_first,
     a_full_group_refuses_or_queues_a_new_run,
     racing_claimers_never_admit_more_than_max_runs,
+    a_write_that_makes_work_wakes_a_waiting_host,
     claim_runnable_takes_the_oldest_runs_that_need_a_driver,
     concurrent_claim_runnable_callers_never_share_a_run,
     concurrent_commits_from_many_tasks,
@@ -2208,6 +2209,72 @@ async fn racing_claimers_never_admit_more_than_max_runs(h: &Harness) {
         }
     }
     assert_eq!(ended, 12);
+}
+
+/// Whether `waiter` (already listening) is woken by what `act` does: it
+/// waits for work for ten minutes, and must hear of it well before. Wake-ups
+/// from earlier writes are drained first, so only `act` can wake it.
+async fn wakes<F: std::future::Future<Output = ()>>(waiter: &Arc<dyn Store>, act: F) -> bool {
+    loop {
+        let t = Instant::now();
+        waiter.wait_for_work(Duration::from_millis(300)).await;
+        if t.elapsed() >= Duration::from_millis(290) {
+            break;
+        }
+    }
+    let w = Arc::clone(waiter);
+    let waiting = tokio::spawn(async move {
+        w.wait_for_work(Duration::from_secs(600)).await;
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    act.await;
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .is_ok()
+}
+
+/// A host waiting for work is woken — on PostgreSQL from another
+/// connection pool, as another host would be (LISTEN/NOTIFY); on SQLite
+/// and in memory within the process — by a run queued, a lease handed
+/// back and an admission slot freed.
+async fn a_write_that_makes_work_wakes_a_waiting_host(h: &Harness) {
+    let s = h.s();
+    let waiter = match h.stores().await.pop() {
+        #[cfg(feature = "postgres")]
+        Some(other) if h._db.is_some() => other,
+        _ => Arc::clone(&h.store),
+    };
+    // The first wait starts listening (and returns once it does, or soon).
+    waiter.wait_for_work(Duration::from_secs(5)).await;
+    let v = publish(s, "demo.flow", "a", None).await;
+    assert!(
+        wakes(&waiter, async {
+            s.create_run(in_group(1, v.version, "wake", 1))
+                .await
+                .expect("create");
+        })
+        .await,
+        "a queued run wakes the waiting host"
+    );
+    let lease = claim(s, &run_id(1), "host-1", T0).await.expect("claim");
+    s.create_run(in_group(2, v.version, "wake", 1))
+        .await
+        .expect("create");
+    assert!(
+        wakes(&waiter, async {
+            s.release_lease(&lease).await.expect("release");
+        })
+        .await,
+        "a lease handed back wakes it"
+    );
+    let lease = claim(s, &run_id(1), "host-1", T0).await.expect("claim");
+    assert!(
+        wakes(&waiter, async {
+            end_run(s, &lease, 0, RunStatus::Completed).await;
+        })
+        .await,
+        "a slot freed wakes it"
+    );
 }
 
 async fn claim_runnable_takes_the_oldest_runs_that_need_a_driver(h: &Harness) {

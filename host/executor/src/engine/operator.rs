@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use poimen_store::{IntentPhase, IntentRecord, RunId, RunRecord, RunStatus, Store};
+use poimen_store::{IntentPhase, IntentRecord, RunId, RunRecord, RunStatus, Store, StoreError};
 use poimen_workflow::StepId;
 use serde_json::Value;
 
@@ -14,6 +14,9 @@ use crate::episode::{CallOutcome, EpisodeEvent, Reconciliation, StepStatus};
 use crate::hash::hash_json;
 use crate::run::{self, Batch, RunOutcome, StatusChange};
 use crate::state::RunState;
+
+/// How often a cancel retries when the run's driver moved its episode on.
+const CANCEL_TRIES: usize = 20;
 
 impl Executor {
     /// Appends a batch to a run no task of this host is driving, after the
@@ -48,7 +51,25 @@ impl Executor {
             }
             return Ok(self.status(run).await?);
         }
-        self.cancel_stopped(run, reason).await?;
+        // Another host may be driving the run: the cancel (unfenced) ends
+        // its tenure, and that host stops at its next write or heartbeat.
+        // A write of that host landing first moves the episode on: read it
+        // again and retry.
+        let mut tries = 0;
+        loop {
+            match self.cancel_stopped(run, reason).await {
+                Err(OperatorError::Run(RunError::Store(StoreError::SequenceConflict {
+                    ..
+                }))) if tries < CANCEL_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         Ok(self.status(run).await?)
     }
 

@@ -143,7 +143,10 @@ impl Executor {
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => log_done(done),
-                () = tokio::time::sleep(opts.poll) => {}
+                // A write that may have made work wakes the host (on
+                // PostgreSQL, any host's: LISTEN/NOTIFY); the poll is the
+                // fallback.
+                () = self.kernel.store.wait_for_work(opts.poll) => {}
             }
         }
         // Shutdown: let the runs being driven finish, within the grace.

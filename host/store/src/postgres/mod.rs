@@ -55,6 +55,7 @@
 //! mapping of errors in `errors`.
 
 mod errors;
+mod listen;
 mod ops;
 mod schema;
 
@@ -107,6 +108,19 @@ impl Default for PostgresOptions {
 pub struct PostgresStore {
     pool: Pool,
     ctx: ops::Ctx,
+    /// What the LISTEN connection connects with.
+    config: tokio_postgres::Config,
+    wake: std::sync::Arc<crate::wake::Wakeup>,
+    /// The LISTEN task, once a wait started it; aborted on drop.
+    listener: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.get() {
+            task.abort();
+        }
+    }
 }
 
 impl fmt::Debug for PostgresStore {
@@ -153,6 +167,7 @@ impl PostgresStore {
             .get_connect_timeout()
             .copied()
             .unwrap_or(options.connect_timeout);
+        let listen_config = config.clone();
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -177,6 +192,9 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             ctx: ops::Ctx::new(shown),
+            config: listen_config,
+            wake: std::sync::Arc::default(),
+            listener: std::sync::OnceLock::new(),
         };
         let mut client = store.client().await?;
         schema::check_encoding(&client, &store.ctx.url).await?;
@@ -234,7 +252,13 @@ impl Store for PostgresStore {
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun> {
-        ops::create_run(&self.client().await?, &self.ctx, new).await
+        let created = ops::create_run(&self.client().await?, &self.ctx, new).await?;
+        if let CreateRun::Created(r) = &created
+            && r.lease.is_none()
+        {
+            self.wake.ring();
+        }
+        Ok(created)
     }
 
     async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>> {
@@ -251,7 +275,11 @@ impl Store for PostgresStore {
 
     async fn commit(&self, commit: Commit) -> StoreResult<()> {
         rules::check_commit_shape(&commit)?;
-        ops::commit(&self.client().await?, &self.ctx, &commit).await
+        ops::commit(&self.client().await?, &self.ctx, &commit).await?;
+        if rules::may_make_work(&commit) {
+            self.wake.ring();
+        }
+        Ok(())
     }
 
     async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>> {
@@ -299,7 +327,20 @@ impl Store for PostgresStore {
     }
 
     async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
-        ops::release_lease(&self.client().await?, &self.ctx, lease).await
+        ops::release_lease(&self.client().await?, &self.ctx, lease).await?;
+        self.wake.ring();
+        Ok(())
+    }
+
+    async fn wait_for_work(&self, within: Duration) {
+        self.listener.get_or_init(|| {
+            tokio::spawn(listen::listen(
+                self.config.clone(),
+                self.wake.clone(),
+                self.ctx.url.clone(),
+            ))
+        });
+        self.wake.wait(within).await;
     }
 
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {

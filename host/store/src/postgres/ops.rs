@@ -689,9 +689,13 @@ pub(crate) async fn release_lease(c: &Object, ctx: &Ctx, lease: &Lease) -> Resul
         "WITH released AS (
              UPDATE runs SET owner = NULL, lease_expires_at = NULL
              WHERE id = $1 AND owner = $2 AND lease_epoch = $3
-             RETURNING 1
+             RETURNING status
          )
-         SELECT EXISTS (SELECT 1 FROM runs WHERE id = $1)",
+         , hint AS (
+             SELECT pg_notify('poimen_work', '') FROM released
+             WHERE status IN ('queued', 'running')
+         )
+         SELECT EXISTS (SELECT 1 FROM runs WHERE id = $1), (SELECT count(*) FROM hint)",
         &[&lease.run.as_str(), &lease.owner, &epoch],
     )
     .await?;

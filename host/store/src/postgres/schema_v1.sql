@@ -16,6 +16,10 @@
 --   refuse \u0000 and reorder keys);
 -- * append-only tables refuse UPDATE, DELETE and TRUNCATE with triggers, so
 --   even a hand-written psql session cannot rewrite history by accident;
+-- * NOTIFY poimen_work (sent when a transaction commits) tells serving
+--   hosts, which LISTEN, that a run may have become claimable: a run
+--   queued, a lease handed back, an admission slot freed, a run an
+--   operator made runnable. A hint: hosts also poll.
 -- * `poimen_commit` is the whole write path of a run's progress: one call,
 --   one statement, one transaction, one round trip. It checks everything
 --   first and raises SQLSTATE PM001 with a JSON detail naming the refusal,
@@ -226,6 +230,10 @@ BEGIN
         RETURN QUERY SELECT 'conflict'::text, false, NULL::text[];
         RETURN;
     END;
+    IF who IS NULL THEN
+        -- A queued run: work for a serving host (LISTEN poimen_work).
+        PERFORM pg_notify('poimen_work', '');
+    END IF;
     RETURN QUERY SELECT 'created'::text, who IS NOT NULL, NULL::text[];
 END $$;
 
@@ -597,6 +605,14 @@ BEGIN
     WHERE e->>'op' = 'answer' ORDER BY n;
 
     IF upd IS NOT NULL THEN
+        -- Work for a serving host (LISTEN poimen_work): a slot of an
+        -- admission group freed, or a run an operator's write made
+        -- runnable with no host holding it. Sent when the commit commits.
+        IF (upd->>'status' IN ('completed', 'failed', 'cancelled')
+            AND EXISTS (SELECT 1 FROM runs WHERE id = run_id AND admission_group IS NOT NULL))
+           OR (upd->>'status' IN ('queued', 'running') AND fence IS NULL) THEN
+            PERFORM pg_notify('poimen_work', '');
+        END IF;
         UPDATE runs SET status = upd->>'status', reason = upd->>'reason',
                         output_hash = upd->>'output_hash',
                         updated_at = (upd->>'updated_at')::bigint,

@@ -82,6 +82,8 @@ struct Inner {
     writer: Mutex<Writer>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    /// This process's writes that may have made work.
+    wake: crate::wake::Wakeup,
 }
 
 struct Writer {
@@ -187,6 +189,7 @@ impl SqliteStore {
                 }),
                 readers,
                 next_reader: AtomicUsize::new(0),
+                wake: crate::wake::Wakeup::default(),
             }),
         })
     }
@@ -458,8 +461,15 @@ impl Store for SqliteStore {
     }
 
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun> {
-        self.write(Durability::Sync, move |tx, p| ops::create_run(tx, p, new))
-            .await
+        let created = self
+            .write(Durability::Sync, move |tx, p| ops::create_run(tx, p, new))
+            .await?;
+        if let CreateRun::Created(r) = &created
+            && r.lease.is_none()
+        {
+            self.inner.wake.ring();
+        }
+        Ok(created)
     }
 
     async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>> {
@@ -478,8 +488,13 @@ impl Store for SqliteStore {
 
     async fn commit(&self, commit: Commit) -> StoreResult<()> {
         rules::check_commit_shape(&commit)?;
+        let work = rules::may_make_work(&commit);
         self.write(commit.durability, move |tx, p| ops::commit(tx, p, commit))
-            .await
+            .await?;
+        if work {
+            self.inner.wake.ring();
+        }
+        Ok(())
     }
 
     async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>> {
@@ -548,7 +563,13 @@ impl Store for SqliteStore {
         self.write(Durability::Sync, move |tx, p| {
             ops::release_lease(tx, p, &lease)
         })
-        .await
+        .await?;
+        self.inner.wake.ring();
+        Ok(())
+    }
+
+    async fn wait_for_work(&self, within: std::time::Duration) {
+        self.inner.wake.wait(within).await;
     }
 
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
