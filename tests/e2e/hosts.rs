@@ -426,12 +426,12 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
     let db = PgDb::create("kill").await;
     let env = Env::new();
     let wf = setup(&env, true);
-    let runs = enqueue(&env, &db.url, &wf, 120).await;
+    let runs = enqueue(&env, &db.url, &wf, 300).await;
     let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
     let a = serve(&env, &db.url, "host-a", "1s");
     let b = serve(&env, &db.url, "host-b", "1s");
     let c = serve(&env, &db.url, "host-c", "1s");
-    wait_some_settled(&*store, 30).await;
+    wait_some_settled(&*store, 100).await;
     // SIGKILL a host mid-way, while a step of a run it drives is in
     // flight: freeze it (SIGSTOP) so what it holds stays put while it is
     // read, thaw it and try again if no step of its runs is in flight.
@@ -496,7 +496,7 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
     }
     let taken_over = killed.elapsed();
     // Lease expiry (1 s) + one heartbeat (1/3 s) + polls and the work left.
-    wait_settled(&*store, runs.len(), Duration::from_secs(60), &[&b, &c]).await;
+    wait_settled(&*store, runs.len(), Duration::from_secs(180), &[&b, &c]).await;
     let took = killed.elapsed();
     let resumed = check_outcomes(&env, &*store, &runs, true, &["host-a"]).await;
     let blocked = all_runs(&*store)
@@ -529,7 +529,7 @@ async fn three_hosts_on_postgres_one_killed_every_run_ends_and_effects_happen_on
         );
     }
     assert!(resumed >= started.len(), "{resumed} < {}", started.len());
-    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert!(took < Duration::from_secs(180), "took {took:?}");
     drop((b, c));
 }
 
