@@ -904,6 +904,204 @@ async fn a_cancel_from_another_process_stops_the_host_driving_the_run() {
     wait_settled(&*store, 2, Duration::from_secs(60), &[&host]).await;
 }
 
+// ------------------------------------------------- a server of the test's own
+
+/// A PostgreSQL server of this test's own — `initdb` in a temporary
+/// directory, on a free port, run as the `postgres` user when the test runs
+/// as root — so the test can stop and start it without touching the server
+/// the other tests share. Stopped when dropped.
+struct PrivatePg {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    _tmp: tempfile::TempDir,
+}
+
+impl PrivatePg {
+    /// The server binaries: `POIMEN_TEST_PG_BIN`, or the newest
+    /// `/usr/lib/postgresql/*/bin` (Debian's layout).
+    fn bin() -> PathBuf {
+        if let Ok(dir) = std::env::var("POIMEN_TEST_PG_BIN") {
+            return PathBuf::from(dir);
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("initdb").exists())
+            .collect();
+        found.sort_by_key(|p| {
+            p.parent()
+                .and_then(|v| v.file_name())
+                .and_then(|v| v.to_str())
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+        });
+        found.pop().unwrap_or_else(|| {
+            panic!(
+                "this test runs a PostgreSQL server of its own and needs its binaries \
+                 (initdb, pg_ctl): install the `postgresql` package (.ci/run does) or point \
+                 POIMEN_TEST_PG_BIN at their directory"
+            )
+        })
+    }
+
+    /// Runs a server binary, as `postgres` when this process is root
+    /// (`initdb` refuses root).
+    fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let mut cmd = if root {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            std::process::Command::new(&exe)
+        };
+        let out = cmd.args(args).output().expect("run a PostgreSQL binary");
+        assert!(
+            out.status.success(),
+            "{tool} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn create() -> PrivatePg {
+        let tmp = tempfile::Builder::new()
+            .prefix("poimen-pg-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let dir = tmp.path().join("data");
+        // The server's user must own its directory.
+        let _ = std::process::Command::new("chmod")
+            .args(["755"])
+            .arg(tmp.path())
+            .status();
+        std::fs::create_dir(&dir).expect("data dir");
+        let _ = std::process::Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("a free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let pg = PrivatePg {
+            bin: Self::bin(),
+            dir,
+            port,
+            _tmp: tmp,
+        };
+        let data = pg.dir.to_str().expect("utf8").to_owned();
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                &data,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+        );
+        pg.start();
+        pg
+    }
+
+    fn start(&self) {
+        let data = self.dir.to_str().expect("utf8");
+        let opts = format!(
+            "-p {} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port
+        );
+        let log = format!("{data}/server.log");
+        self.run(
+            "pg_ctl",
+            &["-D", data, "-o", &opts, "-l", &log, "-w", "start"],
+        );
+    }
+
+    fn stop(&self) {
+        let data = self.dir.to_str().expect("utf8");
+        self.run("pg_ctl", &["-D", data, "-m", "fast", "-w", "stop"]);
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let data = self.dir.to_string_lossy().into_owned();
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
+        }));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_mid_run_stops_runs_with_an_error_naming_it_and_they_finish_once_back() {
+    let pg = PrivatePg::create();
+    let url = pg.url();
+    let env = Env::new();
+    let wf = setup(&env, false);
+    let runs = enqueue(&env, &url, &wf, 40).await;
+    let host = serve(&env, &url, "pg-stop", "3s");
+    {
+        let store = poimen::store::open_store(&url).await.expect("store");
+        wait_some_settled(&*store, 5).await;
+    }
+    pg.stop();
+    // The host stays up and says what it cannot reach; so does a verb.
+    let named = format!("127.0.0.1:{}", pg.port);
+    let start = Instant::now();
+    while !host.log().contains(&named) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the host never named the server it lost: {}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = env
+        .cmd()
+        .args(["--store", &url, "status"])
+        .output()
+        .expect("poimen status");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains(&named) && err.contains("cannot reach"),
+        "{err}"
+    );
+    let mut host = host;
+    assert!(
+        host.child.try_wait().expect("wait").is_none(),
+        "serve keeps running while its store is down: {}",
+        host.log()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg.start();
+    // Back: every run completes, each effect once, nothing lost.
+    let store = poimen::store::open_store(&url).await.expect("store");
+    wait_settled(&*store, runs.len(), Duration::from_secs(120), &[&host]).await;
+    check_outcomes(&env, &*store, &runs, false, &[]).await;
+    for r in all_runs(&*store).await {
+        assert_eq!(r.status, RunStatus::Completed, "{}: {:?}", r.id, r.reason);
+    }
+}
+
 #[test]
 fn store_urls_that_cannot_be_used_get_specific_errors() {
     let env = Env::new();
