@@ -217,26 +217,32 @@ fn setup(env: &Env, charge: bool) -> PathBuf {
     env.write("wf.yaml", &workflow(charge))
 }
 
+/// `poimen start WF --input INPUT` on `store`: the new run's id.
+fn poimen_start(env: &Env, store: &str, wf: &Path, input: &Value) -> String {
+    let out = env
+        .cmd()
+        .args(["--store", store, "--policy", "policy.toml", "start"])
+        .arg(wf)
+        .args(["--input", &input.to_string()])
+        .output()
+        .expect("poimen start");
+    assert!(
+        out.status.success(),
+        "poimen start: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(id.starts_with("WFR-"), "{id}");
+    id
+}
+
 /// Enqueues `n` runs (inputs `n = 0..n`): the first two with `poimen
 /// start`, the rest through the library (faster than a process each).
 /// Returns run id → n.
 async fn enqueue(env: &Env, store: &str, wf: &Path, n: u32) -> BTreeMap<String, u32> {
     let mut runs = BTreeMap::new();
     for i in 0..n.min(2) {
-        let out = env
-            .cmd()
-            .args(["--store", store, "--policy", "policy.toml", "start"])
-            .arg(wf)
-            .args(["--input", &json!({"text": "abc", "n": i}).to_string()])
-            .output()
-            .expect("poimen start");
-        assert!(
-            out.status.success(),
-            "poimen start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        assert!(id.starts_with("WFR-"), "{id}");
+        let id = poimen_start(env, store, wf, &json!({"text": "abc", "n": i}));
         runs.insert(id, i);
     }
     let host = poimen::Host::builder()
@@ -822,19 +828,7 @@ async fn a_cancel_from_another_process_stops_the_host_driving_the_run() {
         "spinning.yaml",
         "id: t.spinning\nsteps:\n  - id: spin\n    tool: {name: adv-spin}\n    timeout: 10m\n",
     );
-    let out = env
-        .cmd()
-        .args(["--store", &db.url, "--policy", "policy.toml", "start"])
-        .arg(&wf)
-        .args(["--input", "{}"])
-        .output()
-        .expect("poimen start");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let run = poimen_start(&env, &db.url, &wf, &json!({}));
     let store: Arc<dyn Store> = poimen::store::open_store(&db.url).await.expect("store");
     let id: poimen::store::RunId = run.parse().expect("run id");
     let host = serve(&env, &db.url, "spinner", "3s");
@@ -889,17 +883,11 @@ async fn a_cancel_from_another_process_stops_the_host_driving_the_run() {
         "the dispatched call is closed, its outcome unknown: {intents:?}"
     );
     // The host is still serving: a new run goes through.
-    let out = env
-        .cmd()
-        .args(["--store", &db.url, "--policy", "policy.toml", "start"])
-        .arg(env.path().join("wf.yaml"))
-        .args(["--input", &json!({"text": "abc", "n": 1}).to_string()])
-        .output()
-        .expect("poimen start");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    poimen_start(
+        &env,
+        &db.url,
+        &env.path().join("wf.yaml"),
+        &json!({"text": "abc", "n": 1}),
     );
     wait_settled(&*store, 2, Duration::from_secs(60), &[&host]).await;
 }

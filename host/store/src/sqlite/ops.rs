@@ -616,23 +616,35 @@ pub(crate) fn claim_runnable(
     ttl_ms: i64,
     limit: u32,
 ) -> Result<Vec<(RunRecord, Lease)>> {
-    // Runnable as `rules::is_runnable` says, oldest first (the partial
-    // index runs_runnable holds queued and running runs in this order;
-    // without statistics SQLite would pick runs_by_status and sort, hence
-    // INDEXED BY). A run that needs a slot of its admission group is taken
-    // only as far as the group has free slots, the oldest first (k counts
-    // a group's waiting runs); a full group holds back no other run.
+    // Runnable as `rules::is_runnable` says, oldest first, in two parts:
+    // runs that need no slot (no admission group, or one they hold) — the
+    // partial index runs_runnable holds queued and running runs in this
+    // order, so that scan stops after `limit` (without statistics SQLite
+    // would pick runs_by_status and sort, hence INDEXED BY) — and runs
+    // waiting for a slot of their group, taken only as far as the group has
+    // free slots, oldest first (k counts a group's waiting runs; the scan
+    // reads waiting grouped runs only). A full group holds back no other.
     let sql = format!(
         "SELECT {RUN_COLS} FROM (
-             SELECT *, row_number() OVER (
-                 PARTITION BY admission_group, admitted ORDER BY created_at, id) AS k
-             FROM runs INDEXED BY runs_runnable
-             WHERE status IN ('queued', 'running') AND (owner IS NULL OR lease_expires_at <= ?1)
-         ) c
-         WHERE c.admission_group IS NULL OR c.admitted = 1
-            OR c.k <= c.admission_max - (SELECT count(*) FROM runs a
-                                         WHERE a.admission_group = c.admission_group
-                                           AND a.admitted = 1)
+             SELECT * FROM (
+                 SELECT {RUN_COLS} FROM runs INDEXED BY runs_runnable
+                 WHERE status IN ('queued', 'running')
+                   AND (owner IS NULL OR lease_expires_at <= ?1)
+                   AND (admission_group IS NULL OR admitted = 1)
+                 ORDER BY created_at, id LIMIT ?2)
+             UNION ALL
+             SELECT {RUN_COLS} FROM (
+                 SELECT *, row_number() OVER (
+                     PARTITION BY admission_group ORDER BY created_at, id) AS k
+                 FROM runs INDEXED BY runs_admission
+                 WHERE admission_group IS NOT NULL AND admitted = 0
+                   AND status IN ('queued', 'running')
+                   AND (owner IS NULL OR lease_expires_at <= ?1)
+             ) w
+             WHERE w.k <= w.admission_max - (SELECT count(*) FROM runs a
+                                             WHERE a.admission_group = w.admission_group
+                                               AND a.admitted = 1)
+         )
          ORDER BY created_at, id LIMIT ?2"
     );
     let candidates = collect(c, p, &sql, params![now, i64::from(limit)], raw_run, |r| {
