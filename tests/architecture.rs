@@ -174,11 +174,26 @@ fn architecture_each_crate_knows_only_what_it_may() {
         ),
         (
             "poimen-executor",
-            &["wasmtime", "rusqlite", "poimen-sandbox", "poimen"],
+            &[
+                "wasmtime",
+                "rusqlite",
+                "tokio-postgres",
+                "deadpool-postgres",
+                "poimen-sandbox",
+                "poimen",
+            ],
         ),
         (
             "poimen",
-            &["clap", "clap_complete", "indicatif", "rmcp", "poimen-cli"],
+            &[
+                "clap",
+                "clap_complete",
+                "indicatif",
+                "humantime",
+                "rmcp",
+                "tracing-subscriber",
+                "poimen-cli",
+            ],
         ),
         (
             "poimen-guest",
@@ -255,13 +270,14 @@ fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     out
 }
 
-/// The module a path inside `file` (module `me`) refers to: the longest
-/// prefix of the path that is a module of the crate.
+/// The module a path inside `file` (module `me`) refers to — the longest
+/// prefix of the path that is a module of the crate — and the segments
+/// after it.
 fn target(
     me: &[String],
     path: &[String],
     mods: &BTreeMap<Vec<String>, PathBuf>,
-) -> Option<Vec<String>> {
+) -> Option<(Vec<String>, Vec<String>)> {
     let mut full: Vec<String> = Vec::new();
     let mut rest = path;
     match path.first().map(String::as_str) {
@@ -280,10 +296,87 @@ fn target(
         _ => return None,
     }
     full.extend(rest.iter().cloned());
+    longest_module(&full, mods)
+}
+
+/// The longest prefix of an absolute module path that is a module, and the
+/// rest.
+fn longest_module(
+    full: &[String],
+    mods: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<(Vec<String>, Vec<String>)> {
     (0..=full.len())
         .rev()
-        .map(|n| full[..n].to_vec())
-        .find(|m| mods.contains_key(m))
+        .find(|&n| mods.contains_key(&full[..n]))
+        .map(|n| (full[..n].to_vec(), full[n..].to_vec()))
+}
+
+/// What module `me` re-exports (`pub use`, `pub(crate) use`, ...): each
+/// exported name and the absolute path it stands for. A path into another
+/// crate is left out.
+fn reexports(
+    me: &[String],
+    text: &str,
+    mods: &BTreeMap<Vec<String>, PathBuf>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut k = 0;
+    while k < lines.len() {
+        let line = lines[k].trim_start();
+        k += 1;
+        let Some(after) = line.strip_prefix("pub") else {
+            continue;
+        };
+        let after = match after.strip_prefix('(') {
+            Some(r) => r.split_once(')').map_or("", |(_, r)| r),
+            None => after,
+        };
+        let Some(stmt) = after.trim_start().strip_prefix("use ") else {
+            continue;
+        };
+        let mut stmt = stmt.to_owned();
+        while !stmt.contains(';') && k < lines.len() {
+            stmt.push(' ');
+            stmt.push_str(lines[k].trim());
+            k += 1;
+        }
+        let mut paths = Vec::new();
+        expand(
+            stmt.split(';').next().unwrap_or_default().trim(),
+            &[],
+            &mut paths,
+        );
+        for p in paths {
+            let absolute: Vec<String> = match p.first().map(String::as_str) {
+                Some("crate") => p[1..].to_vec(),
+                Some("self") => me.iter().chain(&p[1..]).cloned().collect(),
+                Some("super") => {
+                    let mut base = me.to_vec();
+                    let mut rest = &p[..];
+                    while rest.first().map(String::as_str) == Some("super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                    base.extend(rest.iter().cloned());
+                    base
+                }
+                Some(first) => {
+                    let mut child = me.to_vec();
+                    child.push(first.to_owned());
+                    if !mods.contains_key(&child) {
+                        continue;
+                    }
+                    me.iter().chain(&p).cloned().collect()
+                }
+                None => continue,
+            };
+            if let Some(name) = p.last() {
+                out.insert(name.clone(), absolute);
+            }
+        }
+    }
+    out
 }
 
 /// `crate::`, `super::` and `self::` paths in one file, `use` trees expanded.
@@ -391,17 +484,41 @@ fn expand(tree: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
 /// The import cycles among the files of the crate whose sources are `src`.
 fn cycles(src: &Path) -> Vec<Vec<String>> {
     let mods = modules(src);
+    let texts: BTreeMap<Vec<String>, String> = mods
+        .iter()
+        .map(|(m, f)| (m.clone(), std::fs::read_to_string(f).expect("source")))
+        .collect();
+    let exported: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>> = texts
+        .iter()
+        .map(|(m, t)| (m.clone(), reexports(m, t, &mods)))
+        .collect();
     let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
-    for (me, file) in &mods {
-        let text = std::fs::read_to_string(file).expect("source");
-        for path in paths(&text) {
-            if let Some(t) = target(me, &path, &mods)
-                // The crate root and a module's own parent declare it; a
-                // path through them is a path to something they re-export.
-                && !t.is_empty()
-                && &t != me
-                && !me.starts_with(&t)
-            {
+    for (me, text) in &texts {
+        for path in paths(text) {
+            let Some(mut found) = target(me, &path, &mods) else {
+                continue;
+            };
+            // The crate root and a module's parents declare it: a path
+            // through one of them is a path to what it re-exports, followed
+            // to the module that defines it.
+            for _ in 0..8 {
+                let (module, rest) = &found;
+                let through = module != me && me.starts_with(module);
+                let Some(to) = rest
+                    .first()
+                    .filter(|_| through)
+                    .and_then(|name| exported.get(module)?.get(name))
+                else {
+                    break;
+                };
+                let full: Vec<String> = to.iter().chain(&rest[1..]).cloned().collect();
+                match longest_module(&full, &mods) {
+                    Some(next) if next != found => found = next,
+                    _ => break,
+                }
+            }
+            let t = found.0;
+            if !t.is_empty() && &t != me && !me.starts_with(&t) {
                 edges.entry(me.clone()).or_default().insert(t);
             }
         }
@@ -478,4 +595,16 @@ fn architecture_the_cycle_finder_finds_cycles() {
     std::fs::write(src.join("b/c.rs"), "use super::B;\n").expect("write");
     let found = cycles(src);
     assert_eq!(found, vec![vec!["a", "b", "a"]]);
+
+    // A circle through a re-export of the crate root is a circle too.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\npub use b::B;\n").expect("write");
+    std::fs::write(
+        src.join("a.rs"),
+        "pub struct A;\nfn f() { let _ = crate::B; }\n",
+    )
+    .expect("write");
+    std::fs::write(src.join("b.rs"), "use crate::a::A;\npub struct B;\n").expect("write");
+    assert_eq!(cycles(src), vec![vec!["a", "b", "a"]]);
 }

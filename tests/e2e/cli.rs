@@ -951,3 +951,90 @@ fn reading_verbs_never_build_the_plugin_host() {
         .assert()
         .success();
 }
+
+#[test]
+fn a_component_a_run_pinned_and_the_host_lost_fails_only_the_step_that_reaches_it() {
+    let env = Env::new();
+    let (code, added) = env.json(&["plugin", "add", plugin_artifacts::ADV_SPIN]);
+    assert_eq!(code, 0, "{added}");
+    let digest = added["digest"].as_str().expect("digest").to_owned();
+    // `spin` is reached only if the judge says so.
+    let wf = env.write(
+        "lost.yaml",
+        "id: t.lost\ninputs: {type: object}\nsteps:\n  - id: ask\n    judgment:\n      question: \"spin?\"\n      result_schema: {type: boolean}\n  - id: route\n    conditional: {on: \"steps.ask.output\", then: spin, otherwise: done}\n  - id: spin\n    tool: {name: adv-spin}\n    timeout: 2s\n  - id: done\n    tool: {name: \"json@^0.1\", args: {value: finished, select: \"\"}}\ntransitions:\n  - {from: ask, to: route}\n",
+    );
+    let start = |n: u32| {
+        let (code, out) = env.json(&[
+            "run",
+            wf.to_str().expect("utf8"),
+            "--input",
+            &json!({ "n": n }).to_string(),
+        ]);
+        assert_eq!(code, 4, "waits for the judgment: {out}");
+        out["run"].as_str().expect("run").to_owned()
+    };
+    let (spinning, finishing) = (start(1), start(2));
+    let (code, removed) = env.json(&["plugin", "remove", "adv-spin"]);
+    assert_eq!(code, 0, "{removed}");
+    // A new run of the workflow is refused before it starts, naming it.
+    let out = env
+        .cmd()
+        .args(["run", wf.to_str().expect("utf8"), "--input", "{}"])
+        .output()
+        .expect("poimen");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("adv-spin"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The runs that pinned it still load; each is answered.
+    let (_, list) = env.json(&["judgment", "list"]);
+    let answer = |run: &str, result: bool| {
+        let j = list
+            .as_array()
+            .expect("open requests")
+            .iter()
+            .find(|j| j["run"] == json!(run))
+            .unwrap_or_else(|| panic!("no request of {run}: {list}"));
+        let file = env.write(
+            &format!("answer-{run}.json"),
+            &json!({"request_hash": j["request_hash"], "result": result, "provenance": {"judge": "ops"}}).to_string(),
+        );
+        env.json(&[
+            "judgment",
+            "submit",
+            j["id"].as_str().expect("id"),
+            "--file",
+            file.to_str().expect("utf8"),
+        ])
+    };
+    // The run that never reaches the lost component finishes.
+    let (code, out) = answer(&finishing, false);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["status"], json!("completed"), "{out}");
+    assert_eq!(out["output"], json!("finished"), "{out}");
+    // The run that reaches it fails at that step, naming the component.
+    let (code, out) = answer(&spinning, true);
+    assert_eq!(code, 1, "{out}");
+    let (_, st) = env.json(&["status", &spinning]);
+    assert_eq!(st["run"]["status"], json!("failed"), "{st}");
+    assert_eq!(
+        st["state"]["steps"]["spin"]["status"],
+        json!("failed"),
+        "{st}"
+    );
+    let reason = st["run"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "`adv-spin` 0.1.0 ({digest}), which this run pinned"
+        )),
+        "{reason}"
+    );
+    assert!(reason.contains("poimen plugin add"), "{reason}");
+    assert_eq!(
+        st["state"]["tools"]["adv-spin"]["identity"]["digest"],
+        json!(digest),
+        "{st}"
+    );
+}

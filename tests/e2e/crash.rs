@@ -536,14 +536,30 @@ fn crash_before_a_model_answer_is_committed_asks_again_as_a_reask() {
     let (code, out) = env.json(&args);
     assert_eq!(code, 0, "{out}");
     assert_eq!(status(&env, &run)["run"]["status"], json!("completed"));
-    // The answer was lost with the host: asked once more, and recorded so,
-    // with the tokens of both calls charged.
+    // The answer was lost with the host: asked once more, and recorded so.
+    // The re-ask's tokens are charged; the lost answer's usage died with
+    // the host (nothing recorded it), which the re-ask's record says.
     assert_eq!(server.requests(), 2);
     let requests = model_requests(&env, &run);
     assert_eq!(requests.len(), 2, "{requests:?}");
     assert_eq!(requests[0].get("reask"), None);
     assert_eq!(requests[1]["reask"], json!(true));
     assert_eq!(requests[0]["request_hash"], requests[1]["request_hash"]);
+    let (_, episode) = env.json(&["episode", &run]);
+    let answers: Vec<&Value> = episode["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["event"] == json!("model_called"))
+        .collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(
+        answers[0]["usage"],
+        json!({"tokens_in": 3, "tokens_out": 2}),
+        "the server's usage of the re-ask"
+    );
+    let st = status(&env, &run);
+    assert_eq!(st["state"]["spent"]["tokens"], json!(5), "{st}");
     check_consistent(&env, &run);
 }
 

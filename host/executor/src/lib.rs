@@ -42,8 +42,8 @@ pub use engine::{
     ServeReport, StartError, StartOptions,
 };
 pub use episode::{
-    Episode, EpisodeEvent, Receipt, Reconciliation, StepStatus, VOLATILE_FIELDS, canonical_order,
-    normalize, structure,
+    Episode, EpisodeEvent, PinnedChild, PinnedTool, Pins, Receipt, Reconciliation, StepStatus,
+    VOLATILE_FIELDS, canonical_order, normalize, structure,
 };
 pub use kernel::{DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH};
 pub use run::{Inconsistency, RunOutcome, Started, judgment_id};

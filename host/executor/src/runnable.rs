@@ -134,9 +134,24 @@ impl Runnable {
 }
 
 /// Turns a stored version into a [`Runnable`]: loads it and validates it
-/// against the registries of the host that runs it, so a tool that
-/// disappeared is an error at load, not in the middle of a run.
+/// against the registries of the host that runs it, so a new run of a
+/// version whose tool disappeared is refused before it starts.
 #[async_trait]
 pub trait WorkflowLoader: Send + Sync {
     async fn load(&self, version: &WorkflowVersion) -> Result<Arc<Runnable>, Failure>;
+
+    /// Loads the version a run already started on, when [`load`](Self::load)
+    /// refused it. `pins` are what the run pinned at its start: a component
+    /// it pinned that this host no longer has must not keep the whole run
+    /// from loading — the run fails at the step that reaches it, naming it,
+    /// and a run that never reaches it finishes. The default refuses, as
+    /// `load` did.
+    async fn load_for_run(
+        &self,
+        version: &WorkflowVersion,
+        pins: &Pins,
+    ) -> Result<Arc<Runnable>, Failure> {
+        let _ = pins;
+        self.load(version).await
+    }
 }

@@ -196,6 +196,15 @@ pub enum FoldError {
 }
 
 impl RunState {
+    /// What the run pinned at its start.
+    pub fn pins(&self) -> crate::episode::Pins {
+        crate::episode::Pins {
+            tools: self.tools.clone(),
+            verifiers: self.verifiers.clone(),
+            subworkflows: self.subworkflows.clone(),
+        }
+    }
+
     /// The initial value of a declared state key under its reducer.
     pub fn initial_value(reducer: Reducer) -> Value {
         match reducer {

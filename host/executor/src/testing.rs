@@ -222,6 +222,21 @@ impl ScriptedTools {
         self
     }
 
+    /// A tool whose every call outlasts the time limit it is given: it
+    /// fails as a sandbox's call does when its timeout fires, naming the
+    /// limit it was given (so a test sees which timeout reached the host).
+    pub fn timing_out(self, name: &str) -> ScriptedTools {
+        self.tool(name, EffectClass::Pure, |call, _| {
+            Err(Failure::new(
+                FailureClass::Timeout,
+                format!(
+                    "scripted: did not answer within the call's {} ms limit",
+                    call.timeout.as_millis()
+                ),
+            ))
+        })
+    }
+
     /// A verifier `name` at version 1.0.0.
     pub fn verifier(
         mut self,

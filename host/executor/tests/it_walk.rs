@@ -39,6 +39,7 @@ fn tools() -> ScriptedTools {
         .flaky("broken", u32::MAX, FailureClass::Failed)
         .flaky("picky", u32::MAX, FailureClass::InvalidInput)
         .hanging("hang")
+        .timing_out("slow")
         .verifier("nonempty", |call| Verdict {
             pass: call.output != json!({}) && !call.output.is_null(),
             score: 1.0,
@@ -102,6 +103,26 @@ impl Kernel {
         out
     }
 
+    /// Starts a run of `def` and drives it on a task of its own.
+    async fn start_driven(
+        &self,
+        def: &WorkflowDef,
+    ) -> (
+        poimen_store::RunId,
+        tokio::task::JoinHandle<Result<RunOutcome, poimen_executor::RunError>>,
+    ) {
+        let runnable = self.add(def);
+        let started = self
+            .exec
+            .start(runnable, json!({}), StartOptions::default())
+            .await
+            .expect("start");
+        let exec = self.exec.clone();
+        let run = started.run.clone();
+        let driver = tokio::spawn(async move { exec.resume(&run).await });
+        (started.run, driver)
+    }
+
     async fn check_refold(&self, out: &RunOutcome) {
         let episode = self.exec.episode(&out.run).await.expect("episode");
         assert_refold_identical(&out.state, &episode).expect("refold equals the live state");
@@ -159,6 +180,16 @@ fn looped() -> WorkflowDef {
         .with_step(StepDef::tool("b", r("echo"), json!(2)))
         .with_edge("a", "b")
         .with_transition(Transition::back("b", "a", NonZeroU32::new(2).expect("2")))
+}
+
+/// `a` then `b`, with a back-edge from `b` to `a` taken at most `max`
+/// times while `when` holds.
+fn looped_when(max: u32, when: &str) -> WorkflowDef {
+    WorkflowDef::new("t.when")
+        .with_step(StepDef::tool("a", r("echo"), json!(1)))
+        .with_step(StepDef::tool("b", r("echo"), json!(2)))
+        .with_edge("a", "b")
+        .with_loop("b", "a", NonZeroU32::new(max).expect("max"), Some(when))
 }
 
 fn chain(n: usize) -> WorkflowDef {
@@ -425,6 +456,107 @@ fn cases() -> Vec<(&'static str, WorkflowDef, Value, Expect)> {
             },
         ),
         (
+            "parallel join quorum: the first two of three win, the hanging one is lost",
+            WorkflowDef::new("t.quorum")
+                .with_step(
+                    StepDef::parallel("fan", ["left", "mid", "right"])
+                        .with_join(JoinPolicy::Quorum(2)),
+                )
+                .with_step(StepDef::tool("left", r("echo"), json!("L")))
+                .with_step(StepDef::tool("mid", r("echo"), json!("M")))
+                .with_step(StepDef::tool("right", r("hang"), json!("R"))),
+            json!({}),
+            Expect {
+                output: Some(json!({"left": "L", "mid": "M"})),
+                structure: &[
+                    "step_finished step=right iteration=1 status=lost",
+                    "branches_joined step=fan iteration=1",
+                ],
+                tool_calls: 3,
+                ..NONE
+            },
+        ),
+        (
+            "a token budget stops the run at the step after it is spent",
+            WorkflowDef::new("t.tokens")
+                .with_step(StepDef::model("m1", "Classify: {{ inputs.text }}"))
+                .with_step(StepDef::model("m2", "Summarize it"))
+                .with_edge("m1", "m2")
+                .with_budget(BudgetDef {
+                    tokens: Some(2),
+                    ..BudgetDef::default()
+                }),
+            json!({"text": "refund"}),
+            Expect {
+                status: RunStatus::Failed,
+                // "Classify: refund" is 2 words in, "billing" 1 out.
+                reason: Some("budget exceeded: 3 tokens used, the budget is 2"),
+                structure: &["model_called step=m1 iteration=1 attempt=1", "run_failed"],
+                ..NONE
+            },
+        ),
+        (
+            "a wall-time budget spent in backoff fails the run at the next step",
+            retried("flaky", 3)
+                .with_step(StepDef::tool("b", r("echo"), json!(2)))
+                .with_edge("a", "b")
+                .with_budget(BudgetDef {
+                    wall_time: Some(Millis(250)),
+                    ..BudgetDef::default()
+                }),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("budget exceeded: wall time 300 ms is over the budget of 250 ms"),
+                slept_ms: &[100, 200],
+                tool_calls: 3,
+                ..NONE
+            },
+        ),
+        (
+            "a step's timeout reaches the tool host, and its expiry fails the step",
+            WorkflowDef::new("t.slow")
+                .with_step(StepDef::tool("a", r("slow"), json!(1)).with_timeout(Millis(50))),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("did not answer within the call's 50 ms limit"),
+                tool_calls: 1,
+                ..NONE
+            },
+        ),
+        (
+            "a loop whose `when` is false is not taken",
+            looped_when(3, "steps.b.output != 2"),
+            json!({}),
+            Expect {
+                output: Some(json!(2)),
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
+            "a loop whose `when` is true runs until its bound",
+            looped_when(2, "steps.b.output == 2"),
+            json!({}),
+            Expect {
+                structure: &["loop_iterated", "loop_iterated", "run_completed"],
+                tool_calls: 6,
+                ..NONE
+            },
+        ),
+        (
+            "a loop condition that cannot be evaluated fails the run naming the edge",
+            looped_when(2, "steps.b.output.count > 1"),
+            json!({}),
+            Expect {
+                status: RunStatus::Failed,
+                reason: Some("the loop condition from `b` to `a` failed"),
+                tool_calls: 2,
+                ..NONE
+            },
+        ),
+        (
             "a model step renders its prompt from recorded state",
             WorkflowDef::new("t.model")
                 .with_step(StepDef::model("classify", "Classify: {{ inputs.text }}")),
@@ -508,19 +640,11 @@ async fn walk_serial_spine_and_stable_idempotency_keys() {
 async fn walk_cancel_in_flight_stops_the_guest_and_closes_the_intent() {
     let k = kernel();
     let def = WorkflowDef::new("t.hang").with_step(StepDef::tool("a", r("hang"), json!(null)));
-    let runnable = k.add(&def);
-    let started = k
-        .exec
-        .start(runnable, json!({}), StartOptions::default())
-        .await
-        .expect("start");
-    let exec = k.exec.clone();
-    let run = started.run.clone();
-    let driver = tokio::spawn(async move { exec.resume(&run).await });
+    let (run, driver) = k.start_driven(&def).await;
     while k.tools.in_flight() == 0 {
         tokio::task::yield_now().await;
     }
-    let rec = k.exec.cancel(&started.run, "test").await.expect("cancel");
+    let rec = k.exec.cancel(&run, "test").await.expect("cancel");
     assert_eq!(rec.status, RunStatus::Cancelled);
     let out = driver.await.expect("driver").expect("outcome");
     assert_eq!(out.status, RunStatus::Cancelled);
@@ -558,6 +682,114 @@ async fn walk_backoff_waits_for_the_clock() {
     // `flaky` fails twice; two attempts are not enough.
     assert_eq!(out.status, RunStatus::Failed);
     assert_eq!(k.tools.calls().len(), 2);
+}
+
+#[tokio::test]
+async fn walk_cancel_during_backoff_ends_the_run_without_another_attempt() {
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let (run, driver) = k.start_driven(&retried("broken", 3)).await;
+    // The first attempt fails; the run sleeps out its backoff.
+    while k.clock.sleeping() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let rec = k.exec.cancel(&run, "test").await.expect("cancel");
+    assert_eq!(rec.status, RunStatus::Cancelled);
+    let out = driver.await.expect("driver").expect("outcome");
+    assert_eq!(out.status, RunStatus::Cancelled);
+    // The backoff's end comes and goes: no second attempt.
+    k.clock.advance(Duration::from_secs(10));
+    tokio::task::yield_now().await;
+    assert_eq!(k.tools.calls().len(), 1);
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_cancel_while_waiting_for_a_judgment_closes_the_request() {
+    let k = kernel();
+    let def = WorkflowDef::new("t.judge").with_step(StepDef::judgment(
+        "ok",
+        "Refund?",
+        json!({"type": "boolean"}),
+    ));
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment);
+    let open = k.exec.open_judgments().await.expect("judgments");
+    assert_eq!(open.len(), 1);
+    let rec = k
+        .exec
+        .cancel(&out.run, "no longer needed")
+        .await
+        .expect("cancel");
+    assert_eq!(rec.status, RunStatus::Cancelled);
+    assert!(
+        k.exec.open_judgments().await.expect("judgments").is_empty(),
+        "a cancelled run's request is not open"
+    );
+    let late = k
+        .exec
+        .submit_judgment(
+            open[0].id.as_str(),
+            JudgmentSubmission {
+                request_hash: open[0].request_hash.clone(),
+                result: json!(true),
+                executor: None,
+                profile: None,
+                provenance: json!({"judge": "test"}),
+            },
+        )
+        .await;
+    assert!(
+        late.is_err(),
+        "an answer to a cancelled run is refused: {late:?}"
+    );
+    let rec = k.exec.status(&out.run).await.expect("status");
+    assert_eq!(rec.status, RunStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn walk_a_failing_child_run_fails_its_step_and_the_parent() {
+    let k = kernel();
+    let child = WorkflowDef::new("t.child").with_step(StepDef::tool("c", r("broken"), json!(1)));
+    k.add(&child);
+    let parent = WorkflowDef::new("t.parent").with_step(StepDef::sub_workflow("call", "t.child"));
+    let out = k.run(&parent, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(reason.contains("step `call` failed"), "{reason}");
+    let st = &out.state.steps[&StepId::from("call")];
+    assert_eq!(st.status, StepStatus::Failed);
+    let link = st.child.clone().expect("linked");
+    let child_rec = k.exec.status(&link.run).await.expect("child");
+    assert_eq!(child_rec.status, RunStatus::Failed);
+    assert!(
+        child_rec
+            .reason
+            .unwrap_or_default()
+            .contains("step `c` failed"),
+        "the child's own reason names its step"
+    );
+}
+
+#[tokio::test]
+async fn walk_workflow_outputs_are_checked_against_their_schema() {
+    let k = kernel();
+    let def = WorkflowDef::new("t.outputs")
+        .with_outputs(json!({"type": "object", "required": ["total"]}))
+        .with_step(StepDef::tool("a", r("echo"), json!({"count": 1})));
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(reason.contains("outputs"), "{reason}");
+    assert!(
+        reason.contains("total"),
+        "the reason names the rule: {reason}"
+    );
+    // The same workflow whose output has the field completes.
+    let fine = WorkflowDef::new("t.outputs")
+        .with_outputs(json!({"type": "object", "required": ["total"]}))
+        .with_step(StepDef::tool("a", r("echo"), json!({"total": 1})));
+    let out = k.run(&fine, json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
 }
 
 #[tokio::test]

@@ -12,7 +12,9 @@
 //!
 //! - `paired`: the same runs and fsync timed back to back in each of 40
 //!   rounds, the ratio taken per round — robust to the disk's drift (see
-//!   [`paired`]); prints one line.
+//!   [`paired`]); prints one line for tool steps and one for model steps
+//!   (a chain of model steps answered by the scripted provider: what the
+//!   model-call intent costs, without a provider's latency).
 //!
 //! `cargo bench -p poimen --bench step`. Files live under Cargo's per-target temporary
 //! directory, on the disk of the target dir (not a tmpfs, where fsync is free).
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use poimen::wiring::Wiring;
-use poimen_executor::model::ScriptedProvider;
+use poimen_executor::model::{Rule, ScriptedProvider};
 use poimen_executor::{Executor, StartOptions, SystemClock};
 use poimen_sandbox::ToolRequest;
 use poimen_store::{RunStatus, SqliteStore, Store};
@@ -66,6 +68,24 @@ fn chain(n: usize, durable: bool) -> WorkflowDef {
     def
 }
 
+/// A chain of `n` model steps, each prompt naming the previous answer.
+fn model_chain(n: usize, durable: bool) -> WorkflowDef {
+    let mut def = WorkflowDef::new(format!("bench.model{n}{}", if durable { "d" } else { "e" }))
+        .with_durable(durable);
+    for i in 0..n {
+        let prompt = if i == 0 {
+            "Say ok about {{ inputs.n }}".to_owned()
+        } else {
+            format!("Again: {{{{ steps.m{}.output }}}}", i - 1)
+        };
+        def = def.with_step(StepDef::model(format!("m{i}").as_str(), prompt));
+        if i > 0 {
+            def = def.with_edge(format!("m{}", i - 1), format!("m{i}"));
+        }
+    }
+    def
+}
+
 struct Bench {
     wiring: Wiring,
     exec: Executor,
@@ -85,7 +105,7 @@ async fn setup(dir: &std::path::Path) -> Bench {
     let wiring = Wiring::new(
         store,
         sandbox,
-        Arc::new(ScriptedProvider::new(vec![])),
+        Arc::new(ScriptedProvider::new(vec![Rule::contains("", "ok")])),
         Arc::new(SystemClock),
         poimen_executor::ExecutorConfig::host("local"),
     );
@@ -104,16 +124,25 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 impl Bench {
-    /// The chain of `n` steps, validated and ready to run.
-    fn arm(
+    /// The chain of `n` tool steps, validated and ready to run.
+    fn prepare(
         &self,
         rt: &tokio::runtime::Runtime,
         n: usize,
         durable: bool,
     ) -> Arc<poimen_executor::Runnable> {
+        self.ready(rt, &chain(n, durable))
+    }
+
+    /// `def`, validated and ready to run.
+    fn ready(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        def: &WorkflowDef,
+    ) -> Arc<poimen_executor::Runnable> {
         rt.block_on(async {
             let w = &self.wiring;
-            let validated = poimen::check(&*w.store, &w.sandbox, &chain(n, durable))
+            let validated = poimen::check(&*w.store, &w.sandbox, def)
                 .await
                 .expect("validates");
             w.loader.runnable(validated)
@@ -167,13 +196,13 @@ fn benches(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(8));
     for durable in [false, true] {
         for n in [1usize, 10] {
-            let armed = b.arm(&rt, n, durable);
+            let prepared = b.prepare(&rt, n, durable);
             let label = if durable { "durable" } else { "ephemeral" };
             group.bench_with_input(BenchmarkId::new(label, n), &n, |bench, _| {
                 bench.to_async(&rt).iter(|| async {
                     let out = b
                         .exec
-                        .run(armed.clone(), json!({"n": 1}), StartOptions::default())
+                        .run(prepared.clone(), json!({"n": 1}), StartOptions::default())
                         .await
                         .expect("run");
                     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
@@ -206,18 +235,26 @@ fn paired(_: &mut Criterion) {
     let rt = runtime();
     let dir = bench_dir();
     let b = rt.block_on(setup(&dir));
-    let (e1, e10) = (b.arm(&rt, 1, false), b.arm(&rt, 10, false));
-    let (d1, d10) = (b.arm(&rt, 1, true), b.arm(&rt, 10, true));
-    // Times one run of `armed`, in µs: the median of `reps`.
-    let time_run = |armed: &Arc<poimen_executor::Runnable>, reps: usize| {
+    let (e1, e10) = (b.prepare(&rt, 1, false), b.prepare(&rt, 10, false));
+    let (d1, d10) = (b.prepare(&rt, 1, true), b.prepare(&rt, 10, true));
+    let model = |n, durable| b.ready(&rt, &model_chain(n, durable));
+    let (me1, me10, md1, md10) = (
+        model(1, false),
+        model(10, false),
+        model(1, true),
+        model(10, true),
+    );
+    // Times one run of `prepared`, in µs: the median of `reps`.
+    let time_run = |prepared: &Arc<poimen_executor::Runnable>, reps: usize| {
         let v: Vec<f64> = (0..reps)
             .map(|_| {
                 let t = std::time::Instant::now();
                 let out = rt
-                    .block_on(
-                        b.exec
-                            .run(armed.clone(), json!({"n": 1}), StartOptions::default()),
-                    )
+                    .block_on(b.exec.run(
+                        prepared.clone(),
+                        json!({"n": 1}),
+                        StartOptions::default(),
+                    ))
                     .expect("run");
                 assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
                 t.elapsed().as_secs_f64() * 1e6
@@ -237,18 +274,24 @@ fn paired(_: &mut Criterion) {
         quartile(&v, 2)
     };
     // Warm up: compile caches, the store's first pages.
-    for a in [&e1, &e10, &d1, &d10] {
+    for a in [&e1, &e10, &d1, &d10, &me1, &me10, &md1, &md10] {
         time_run(a, 5);
     }
     let (rounds, reps) = (40, 5);
     let (mut ratios, mut eph, mut dur, mut fs) = (vec![], vec![], vec![], vec![]);
+    let (mut m_ratios, mut m_eph, mut m_dur) = (vec![], vec![], vec![]);
     for _ in 0..rounds {
         let ds = (time_run(&d10, reps) - time_run(&d1, reps)) / 9.0;
         let es = (time_run(&e10, reps) - time_run(&e1, reps)) / 9.0;
+        let mds = (time_run(&md10, reps) - time_run(&md1, reps)) / 9.0;
+        let mes = (time_run(&me10, reps) - time_run(&me1, reps)) / 9.0;
         let fsync = time_fsync(4 * reps);
         ratios.push((ds - es) / fsync);
         eph.push(es);
         dur.push(ds);
+        m_ratios.push((mds - mes) / fsync);
+        m_eph.push(mes);
+        m_dur.push(mds);
         fs.push(fsync);
     }
     println!(
@@ -260,6 +303,15 @@ fn paired(_: &mut Criterion) {
         quartile(&ratios, 2),
         quartile(&ratios, 1),
         quartile(&ratios, 3),
+    );
+    println!(
+        "paired model steps ({rounds} rounds): per step ephemeral {:.0} µs, durable {:.0} µs; \
+         durable − ephemeral in fsyncs of the same round: median {:.2} (quartiles {:.2}–{:.2})",
+        quartile(&m_eph, 2),
+        quartile(&m_dur, 2),
+        quartile(&m_ratios, 2),
+        quartile(&m_ratios, 1),
+        quartile(&m_ratios, 3),
     );
 }
 

@@ -662,9 +662,9 @@ impl Host {
         Ok(self.inner.store().workflows().await?)
     }
 
-    /// Loads, validates and arms a target: a file is validated and
+    /// Loads, validates and prepares a target: a file is validated and
     /// published first; a version is loaded from the store.
-    async fn arm(&self, target: &Target) -> Result<Validated, Error> {
+    async fn prepare(&self, target: &Target) -> Result<Validated, Error> {
         match target {
             Target::File(path) => {
                 let loaded = load_file(path)?;
@@ -685,7 +685,7 @@ impl Host {
     pub async fn plan(&self, target: &Target) -> Result<Plan, Error> {
         let v = match target {
             Target::File(path) => self.validate(&load_file(path)?.def).await?,
-            Target::Version(_) => self.arm(target).await?,
+            Target::Version(_) => self.prepare(target).await?,
         };
         Ok(plan_of(&v))
     }
@@ -697,7 +697,7 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunOutcome, Error> {
-        let v = self.arm(target).await?;
+        let v = self.prepare(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         Ok(self
             .inner
@@ -714,7 +714,7 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunId, Error> {
-        let v = self.arm(target).await?;
+        let v = self.prepare(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         let started = self
             .inner
@@ -740,7 +740,7 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunId, Error> {
-        let v = self.arm(target).await?;
+        let v = self.prepare(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         let started = self
             .inner
@@ -838,10 +838,10 @@ impl Host {
         for r in &episode.events {
             match &r.event {
                 e @ poimen_executor::EpisodeEvent::ToolCalled { .. } => {
-                    tool_calls.push(serde_json::to_value(e).unwrap_or(Value::Null));
+                    tool_calls.push(e.body());
                 }
                 e @ poimen_executor::EpisodeEvent::Verified { .. } => {
-                    verdicts.push(serde_json::to_value(e).unwrap_or(Value::Null));
+                    verdicts.push(e.body());
                 }
                 _ => {}
             }

@@ -4,20 +4,24 @@
 //! bridges them: it fetches every sub-workflow a definition can reach (by
 //! selector, transitively) into an in-memory resolver first, then validates
 //! against the sandbox's registries and that resolver. [`StoreLoader`] is the
-//! executor's `WorkflowLoader`: a run's version is re-validated against the
-//! registries of the host that runs it, so a tool that disappeared is an
-//! error at load, not in the middle of a run.
+//! executor's `WorkflowLoader`: a version is re-validated against the
+//! registries of the host that runs it, so a new run of a version whose tool
+//! disappeared is refused before it starts. A run that already started
+//! loads against what it pinned: a component it pinned that this host no
+//! longer has fails only the step that reaches it, naming it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use poimen_executor::{Failure, FailureClass, Runnable, WorkflowLoader};
+use poimen_executor::{Failure, FailureClass, Pins, Runnable, ToolIdentity, WorkflowLoader};
 use poimen_store::{Store, StoreError};
 use poimen_workflow::{
-    MemoryWorkflows, Registries, StepKind, Validated, ValidationError, VersionSelector,
-    WorkflowDef, WorkflowId, WorkflowVersion, from_canonical,
+    EffectClass, MemoryWorkflows, Registries, StepKind, ToolInfo, ToolRef, ToolRegistry,
+    Unresolved, Validated, ValidationError, VerifierRegistry, VersionSelector, WorkflowDef,
+    WorkflowId, WorkflowVersion, from_canonical,
 };
+use serde_json::Value;
 
 /// Most sub-workflow definitions fetched for one validation; the validator
 /// bounds depth, this bounds breadth.
@@ -95,15 +99,92 @@ pub async fn check(
     sandbox: &poimen_sandbox::PluginHost,
     def: &WorkflowDef,
 ) -> Result<Validated, CheckError> {
+    check_with(store, sandbox, def, None).await
+}
+
+/// [`check`], with a run's pins standing in for components the sandbox no
+/// longer has.
+async fn check_with(
+    store: &dyn Store,
+    sandbox: &poimen_sandbox::PluginHost,
+    def: &WorkflowDef,
+    pins: Option<&Pins>,
+) -> Result<Validated, CheckError> {
     let workflows = fetch_subworkflows(store, def).await?;
-    let tools = sandbox.tools();
-    let verifiers = sandbox.verifiers();
+    let live_tools = sandbox.tools();
+    let live_verifiers = sandbox.verifiers();
+    let tools = PinnedFallback {
+        live: &live_tools,
+        pinned: pins.map(|p| {
+            p.tools
+                .iter()
+                .map(|(r, t)| (r.clone(), (t.identity.clone(), t.effect)))
+                .collect()
+        }),
+    };
+    let verifiers = PinnedFallback {
+        live: &live_verifiers,
+        pinned: pins.map(|p| {
+            p.verifiers
+                .iter()
+                .map(|(r, v)| (r.clone(), (v.clone(), EffectClass::Pure)))
+                .collect()
+        }),
+    };
     let registries = Registries {
         tools: &tools,
         verifiers: &verifiers,
         workflows: &workflows,
     };
     poimen_workflow::validate(def, &registries).map_err(CheckError::Invalid)
+}
+
+/// A registry that resolves what it can, and a reference it cannot to the
+/// component a run pinned for it: the run's version loads, and the step
+/// that reaches the component fails when the sandbox cannot serve its
+/// pinned digest, naming it.
+struct PinnedFallback<'a, R> {
+    live: &'a R,
+    /// By the reference as written (`json@^0.1`).
+    pinned: Option<BTreeMap<String, (ToolIdentity, EffectClass)>>,
+}
+
+impl<R> PinnedFallback<'_, R> {
+    fn fallback(&self, r: &ToolRef, unresolved: Unresolved) -> Result<ToolInfo, Unresolved> {
+        let Some((identity, effect)) = self.pinned.as_ref().and_then(|p| p.get(&r.to_string()))
+        else {
+            return Err(unresolved);
+        };
+        let Ok(version) = semver::Version::parse(&identity.version) else {
+            return Err(unresolved);
+        };
+        Ok(ToolInfo {
+            name: identity.name.clone(),
+            version,
+            digest: identity.digest.clone(),
+            description: "pinned by the run; not loaded on this host".to_owned(),
+            input_schema: Value::Bool(true),
+            output_schema: Value::Bool(true),
+            capabilities: Vec::new(),
+            effect: *effect,
+        })
+    }
+}
+
+impl<R: ToolRegistry> ToolRegistry for PinnedFallback<'_, R> {
+    fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.live
+            .resolve_tool(tool)
+            .or_else(|u| self.fallback(tool, u))
+    }
+}
+
+impl<R: VerifierRegistry> VerifierRegistry for PinnedFallback<'_, R> {
+    fn resolve_verifier(&self, verifier: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.live
+            .resolve_verifier(verifier)
+            .or_else(|u| self.fallback(verifier, u))
+    }
 }
 
 /// The executor's `WorkflowLoader` over a store and a sandbox.
@@ -145,6 +226,30 @@ impl WorkflowLoader for StoreLoader {
         {
             return Ok(a.clone());
         }
+        let validated = self.validate(version, None).await?;
+        Ok(self.runnable(validated))
+    }
+
+    async fn load_for_run(
+        &self,
+        version: &WorkflowVersion,
+        pins: &Pins,
+    ) -> Result<Arc<Runnable>, Failure> {
+        // Not remembered: a new run of this version must still find every
+        // component it names.
+        let validated = self.validate(version, Some(pins)).await?;
+        Ok(Arc::new(Runnable::new(validated)))
+    }
+}
+
+impl StoreLoader {
+    /// Reads a stored version back and validates it on this host (with a
+    /// run's pins standing in for components it no longer has).
+    async fn validate(
+        &self,
+        version: &WorkflowVersion,
+        pins: Option<&Pins>,
+    ) -> Result<Validated, Failure> {
         let record = self
             .store
             .version(version)
@@ -164,7 +269,7 @@ impl WorkflowLoader for StoreLoader {
                 format!("stored version {version} cannot be read back: {e}"),
             )
         })?;
-        let validated = check(&*self.store, &self.sandbox, &def)
+        check_with(&*self.store, &self.sandbox, &def, pins)
             .await
             .map_err(|e| match e {
                 CheckError::Invalid(errors) => Failure::new(
@@ -180,7 +285,6 @@ impl WorkflowLoader for StoreLoader {
                     ),
                 ),
                 other => Failure::new(FailureClass::Unavailable, other.to_string()),
-            })?;
-        Ok(self.runnable(validated))
+            })
     }
 }

@@ -41,9 +41,20 @@ pub fn classify(e: &InvokeError) -> FailureClass {
     }
 }
 
-fn failure(e: InvokeError) -> Failure {
+/// The failure of a call to the component `pinned` (the run's pin), naming
+/// it if this host no longer has it.
+fn failure_of(e: InvokeError, pinned: Option<&ToolIdentity>) -> Failure {
     if let InvokeError::OutputSchema { tool, violations } = e {
         return Failure::contract(poimen_executor::Contract::ToolOutput { tool, violations });
+    }
+    if let (InvokeError::NotFound(_), Some(p)) = (&e, pinned) {
+        return Failure::new(
+            FailureClass::Unavailable,
+            format!(
+                "`{}` {} ({}), which this run pinned at its start, is not loaded on this host ({e}); add it back with `poimen plugin add` and retry the run",
+                p.name, p.version, p.digest
+            ),
+        );
     }
     let class = classify(&e);
     let message = match &e {
@@ -69,6 +80,7 @@ fn exact(identity: &ToolIdentity) -> ToolRef {
 #[async_trait]
 impl ToolHost for SandboxTools {
     async fn invoke(&self, call: ToolCall) -> ToolResult {
+        let pinned = call.tool.clone();
         let request =
             poimen_sandbox::ToolRequest::new(exact(&call.tool), call.args, call.idempotency_key)
                 .pinned(call.tool.digest.clone())
@@ -81,7 +93,7 @@ impl ToolHost for SandboxTools {
             .map(|g| g.capability.clone())
             .collect();
         ToolResult {
-            outcome: inv.outcome.map_err(failure),
+            outcome: inv.outcome.map_err(|e| failure_of(e, Some(&pinned))),
             record: inv.record.to_json(),
             capabilities,
         }
@@ -95,6 +107,7 @@ impl ToolHost for SandboxTools {
             call.config,
         );
         request.expected_digest = Some(call.verifier.digest.clone());
+        let pinned = call.verifier.clone();
         request.timeout = Some(call.timeout);
         let inv = self.host.invoke_verifier(request).await;
         VerifierResult {
@@ -105,7 +118,7 @@ impl ToolHost for SandboxTools {
                     score: v.score,
                     reason: v.reason,
                 })
-                .map_err(failure),
+                .map_err(|e| failure_of(e, Some(&pinned))),
             record: inv.record.to_json(),
         }
     }

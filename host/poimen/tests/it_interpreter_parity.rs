@@ -1725,13 +1725,8 @@ impl Store for Noting {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
-    // The fsync budget of a durable tool step, held structurally: its start
-    // rides with `Pending` (buffered), `Dispatched` is fsynced before the
-    // guest runs, and the call's outcome is fsynced with the step's end —
-    // before the run moves on. A step with verifiers commits its outcome
-    // at once (the verifiers may take long).
+/// A harness over SQLite whose every commit's shape is noted.
+async fn noting_harness(rules: Vec<Rule>) -> (Harness, Arc<Noting>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let noting = Arc::new(Noting {
         inner: SqliteStore::open(dir.path().join("poimen.db"))
@@ -1742,10 +1737,21 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
     let h = harness_on(
         dir,
         noting.clone(),
-        Arc::new(ScriptedProvider::new(vec![])),
+        Arc::new(ScriptedProvider::new(rules)),
         |_, bytes| bytes.to_vec(),
     )
     .await;
+    (h, noting)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
+    // The fsync budget of a durable tool step, held structurally: its start
+    // rides with `Pending` (buffered), `Dispatched` is fsynced before the
+    // guest runs, and the call's outcome is fsynced with the step's end —
+    // before the run moves on. A step with verifiers commits its outcome
+    // at once (the verifiers may take long).
+    let (h, noting) = noting_harness(vec![]).await;
     let step = |id: &str| {
         StepDef::tool(
             id,
@@ -1816,4 +1822,55 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
         "{c:#?}"
     );
     assert_eq!(c[3].events, vec![ev("verified", "c")], "{c:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreter_durable_model_step_makes_two_commits_both_fsynced() {
+    // The fsync budget of a durable model step: its start rides with the
+    // model-call intent (`model_requested`, fsynced before the provider is
+    // asked), and the answer with the step's end (fsynced) — the commit
+    // that first uses it. The same two fsyncs as a tool step.
+    let (h, noting) = noting_harness(vec![Rule::contains("", "ok")]).await;
+    let def = WorkflowDef::new("t.model-commits")
+        .with_step(StepDef::model("m1", "Say ok about {{ inputs.s }}"))
+        .with_step(StepDef::model("m2", "Again: {{ steps.m1.output }}"))
+        .with_edge("m1", "m2");
+    let out = h.run(&def, json!({"s": "seven"})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    h.checked(&out).await;
+
+    use poimen_store::Durability::Sync;
+    let ev = |kind: &str, id: &str| (kind.to_owned(), Some(id.to_owned()));
+    let m2: Vec<CommitShape> = noting
+        .commits
+        .lock()
+        .expect("commits")
+        .iter()
+        .filter(|c| c.events.iter().any(|(_, s)| s.as_deref() == Some("m2")))
+        .cloned()
+        .collect();
+    assert_eq!(
+        m2,
+        vec![
+            CommitShape {
+                durability: Sync,
+                events: vec![
+                    ev("step_started", "m2"),
+                    ev("attempt_started", "m2"),
+                    ev("model_requested", "m2"),
+                ],
+                intents: vec![],
+            },
+            CommitShape {
+                durability: Sync,
+                events: vec![
+                    ev("model_called", "m2"),
+                    ev("attempt_finished", "m2"),
+                    ev("step_finished", "m2"),
+                ],
+                intents: vec![],
+            },
+        ],
+        "{m2:#?}"
+    );
 }

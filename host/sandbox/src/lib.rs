@@ -49,7 +49,7 @@ pub use host::{
 };
 pub use host::{Tools, Verifiers};
 pub use imports::{Import, ImportClass};
-pub use limits::Limits;
+pub use limits::CallLimits;
 pub use poimen_workflow::{
     Capability, EffectClass, Ineligibility, SchemaViolation, ToolInfo, ToolRef, shadow_eligibility,
 };

@@ -52,7 +52,7 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 128;
 
 /// The limits one invocation runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
+pub struct CallLimits {
     /// Wall-clock time, in milliseconds when serialized.
     #[serde(rename = "timeout_ms", with = "millis")]
     pub timeout: Duration,
@@ -62,9 +62,9 @@ pub struct Limits {
     pub output_bytes: u64,
 }
 
-impl Default for Limits {
+impl Default for CallLimits {
     fn default() -> Self {
-        Limits {
+        CallLimits {
             timeout: DEFAULT_TIMEOUT,
             memory_bytes: DEFAULT_MEMORY_BYTES,
             fuel: Some(DEFAULT_FUEL),
@@ -96,7 +96,7 @@ pub(crate) struct MemoryLimitHit {
     pub requested: u64,
 }
 
-/// Enforces [`Limits::memory_bytes`] over all of a store's memories, and
+/// Enforces [`CallLimits::memory_bytes`] over all of a store's memories, and
 /// [`MAX_TABLE_ELEMENTS`]. A growth past the limit traps (rather than making
 /// `memory.grow` return -1) so the failure is attributed to the limit, not
 /// to whatever the guest does when its allocator fails.
@@ -164,10 +164,10 @@ mod tests {
 
     #[test]
     fn limits_serialize_with_units_in_names() {
-        let v = serde_json::to_value(Limits::default()).expect("json");
+        let v = serde_json::to_value(CallLimits::default()).expect("json");
         assert_eq!(v["timeout_ms"], 10_000);
         assert_eq!(v["memory_bytes"], DEFAULT_MEMORY_BYTES);
-        let back: Limits = serde_json::from_value(v).expect("back");
-        assert_eq!(back, Limits::default());
+        let back: CallLimits = serde_json::from_value(v).expect("back");
+        assert_eq!(back, CallLimits::default());
     }
 }

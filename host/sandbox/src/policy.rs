@@ -15,7 +15,7 @@ use std::time::Duration;
 use poimen_workflow::Capability;
 use serde::{Deserialize, Serialize};
 
-use crate::limits::Limits;
+use crate::limits::CallLimits;
 
 /// Where a policy came from, for error messages ("the policy consulted").
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -54,8 +54,8 @@ pub struct LimitOverrides {
 impl LimitOverrides {
     /// `base` with these overrides applied. Fuel is only overridden where
     /// the host meters it (`base.fuel` is `Some`).
-    pub fn apply(&self, base: Limits) -> Limits {
-        Limits {
+    pub fn apply(&self, base: CallLimits) -> CallLimits {
+        CallLimits {
             timeout: self.timeout_ms.map_or(base.timeout, Duration::from_millis),
             memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
             fuel: base.fuel.map(|f| self.fuel.unwrap_or(f)),
@@ -397,7 +397,7 @@ impl Policy {
 
     /// The limits `plugin` runs under: `base`, then the policy's defaults,
     /// then its own overrides.
-    pub fn limits_for(&self, plugin: &str, base: Limits) -> Limits {
+    pub fn limits_for(&self, plugin: &str, base: CallLimits) -> CallLimits {
         let with_defaults = self.defaults.apply(base);
         match self.plugins.get(plugin) {
             Some(p) => p.limits.apply(with_defaults),
@@ -559,21 +559,21 @@ mod tests {
     fn limits_layer_base_then_defaults_then_plugin() {
         let d = dir();
         let p = Policy::from_toml(TOML, d.path(), PolicySource::Code).expect("policy");
-        let l = p.limits_for("ledger", Limits::default());
+        let l = p.limits_for("ledger", CallLimits::default());
         assert_eq!(l.timeout, Duration::from_millis(2000));
         assert_eq!(l.memory_bytes, 1 << 20);
         assert_eq!(l.fuel, Some(5));
         let unmetered = p.limits_for(
             "ledger",
-            Limits {
+            CallLimits {
                 fuel: None,
-                ..Limits::default()
+                ..CallLimits::default()
             },
         );
         assert_eq!(unmetered.fuel, None);
         assert_eq!(
-            p.limits_for("other", Limits::default()).memory_bytes,
-            Limits::default().memory_bytes
+            p.limits_for("other", CallLimits::default()).memory_bytes,
+            CallLimits::default().memory_bytes
         );
     }
 

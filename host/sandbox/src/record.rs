@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::Limits;
+use crate::limits::CallLimits;
 use crate::policy::Grant;
 
 /// The WIT package every record's tool speaks.
@@ -44,7 +44,7 @@ pub enum CallKind {
 
 /// Which component ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolIdentity {
+pub struct ComponentIdentity {
     pub name: String,
     pub version: String,
     /// Blake3 of the component bytes, `b3:`-prefixed.
@@ -137,7 +137,7 @@ pub struct HostcallRecord {
     /// a `describe` at load.
     pub requested: String,
     /// The component that ran; `None` when none was found.
-    pub tool: Option<ToolIdentity>,
+    pub tool: Option<ComponentIdentity>,
     /// The arguments as canonical JSON (RFC 8785). For a verifier, the
     /// object `{"config", "input", "output"}`.
     pub args: String,
@@ -148,7 +148,7 @@ pub struct HostcallRecord {
     /// What the invocation was granted.
     pub capabilities: Vec<Grant>,
     /// The limits it ran under.
-    pub limits: Limits,
+    pub limits: CallLimits,
     /// Capability-bearing host calls, in the order they were made.
     pub host_calls: Vec<HostCall>,
     /// Refused capability uses.

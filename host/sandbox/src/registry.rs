@@ -19,9 +19,9 @@ use crate::bindings::{ToolPre, VerifierPre};
 use crate::engine::CacheOutcome;
 use crate::error::{InvokeError, LoadError};
 use crate::imports::Import;
-use crate::limits::Limits;
+use crate::limits::CallLimits;
 use crate::policy::Grant;
-use crate::record::{HostcallRecord, ToolIdentity};
+use crate::record::{ComponentIdentity, HostcallRecord};
 use crate::schema::OutputSchema;
 use crate::state::CallState;
 
@@ -53,11 +53,11 @@ pub(crate) struct Loaded {
     pub info: ToolInfo,
     pub kind: PluginKind,
     pub origin: String,
-    pub identity: ToolIdentity,
+    pub identity: ComponentIdentity,
     pub pre: Pre,
     pub imports: Vec<Import>,
     pub grants: Vec<Grant>,
-    pub limits: Limits,
+    pub limits: CallLimits,
     pub cache: CacheOutcome,
     pub describe_record: HostcallRecord,
     /// `info.output_schema`, compiled at load; a tool's every result is
@@ -77,7 +77,7 @@ pub struct Entry {
     /// What policy granted it.
     pub grants: Vec<Grant>,
     /// The limits its invocations run under (before a caller's timeout).
-    pub limits: Limits,
+    pub limits: CallLimits,
     /// Whether it may run in shadow evaluation, and why not.
     pub eligibility: Result<(), Vec<Ineligibility>>,
     /// Whether its compiled code came from the on-disk cache.

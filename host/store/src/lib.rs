@@ -26,6 +26,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod records;
+mod redact;
 mod rules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -45,8 +46,9 @@ pub use records::{
     NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, RunUpdate, StoredEvent,
     VersionRecord, WorkflowSummary,
 };
+pub use redact::redact_url;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 pub use store::{Store, StoreResult};
 pub use ulid::Ulid;
-pub use url::{StoreUrl, open_store, redact_url};
+pub use url::{StoreUrl, open_store};

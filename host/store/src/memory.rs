@@ -539,11 +539,20 @@ impl Store for MemoryStore {
     }
 
     async fn open_judgments(&self) -> StoreResult<Vec<JudgmentRecord>> {
-        Ok(self
-            .lock()
+        // A request of a run that ended (cancelled, failed) is no longer
+        // open: nobody can answer it.
+        let inner = self.lock();
+        Ok(inner
             .judgments
             .iter()
             .filter(|j| j.status == JudgmentStatus::Open)
+            .filter(|j| {
+                inner
+                    .run_index
+                    .get(&j.run)
+                    .and_then(|&i| inner.runs.get(i))
+                    .is_some_and(|r| !r.status.is_terminal())
+            })
             .cloned()
             .collect())
     }

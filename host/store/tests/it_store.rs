@@ -1437,6 +1437,24 @@ async fn judgments_open_and_answer_once(h: &Harness) {
             .map(|j| j.status),
         Some(JudgmentStatus::Answered)
     );
+    // A run that ended has no open requests: nobody can answer them.
+    let mut c = Commit::new(run.id.clone());
+    c.run_update = Some(RunUpdate {
+        status: RunStatus::Cancelled,
+        reason: Some("no longer needed".into()),
+        output_hash: None,
+        updated_at: T0 + 200,
+    });
+    s.commit(c).await.expect("cancel");
+    assert!(s.open_judgments().await.expect("open").is_empty());
+    assert_eq!(
+        s.judgment(&judgment_id(2))
+            .await
+            .expect("read")
+            .map(|j| j.status),
+        Some(JudgmentStatus::Open),
+        "the request itself is kept as it was"
+    );
 }
 
 async fn run_updates_and_final_states(h: &Harness) {

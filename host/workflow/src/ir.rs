@@ -1188,25 +1188,13 @@ impl From<Value> for ArgTemplate {
     }
 }
 
-/// Read-only helpers over the shape (seed 002). All are deterministic and
-/// total on any IR, valid or not; each asks [`crate::Shape::of`] — the one
-/// implementation of the workflow's shape, which the validator computes and
-/// [`crate::Validated::shape`] carries — so the order shown here is the order
-/// that runs. On an invalid IR they answer for the part that makes sense
-/// (documented per method).
+/// Read-only helpers over the definition. The ones that need the shape
+/// (ready order, owners, dependents) are in `shape.rs`, beside the one
+/// implementation of it.
 impl WorkflowDef {
     /// The step with this id (the first one, if ids repeat).
     pub fn step(&self, id: &str) -> Option<&StepDef> {
         self.steps.iter().find(|s| s.id.as_str() == id)
-    }
-
-    /// The step that owns `id` (a Parallel listing it as a branch or a
-    /// Conditional naming it as a target), if any; the first owner if
-    /// several claim it.
-    pub fn owner_of(&self, id: &str) -> Option<&StepDef> {
-        let shape = crate::Shape::of(self);
-        let i = shape.lookup(id)?;
-        shape.owner(i).map(|o| &self.steps[o])
     }
 
     /// Dependency edges (transitions without `max_iterations`).
@@ -1217,54 +1205,6 @@ impl WorkflowDef {
     /// Bounded loops (transitions with `max_iterations`).
     pub fn back_edges(&self) -> impl Iterator<Item = &Transition> {
         self.transitions.iter().filter(|t| t.is_back_edge())
-    }
-
-    /// Top-level steps with no forward predecessor — where a run begins — by id.
-    pub fn start_steps(&self) -> Vec<&StepDef> {
-        crate::Shape::of(self)
-            .start_steps()
-            .into_iter()
-            .map(|i| &self.steps[i])
-            .collect()
-    }
-
-    /// The top-level steps that depend on `id`: targets of forward
-    /// transitions from it, by id, each once.
-    pub fn dependents(&self, id: &str) -> Vec<&StepDef> {
-        let shape = crate::Shape::of(self);
-        let Some(i) = shape.lookup(id) else {
-            return Vec::new();
-        };
-        let mut out: Vec<&StepDef> = shape
-            .successors(i)
-            .iter()
-            .map(|&j| &self.steps[j])
-            .collect();
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        out
-    }
-
-    /// The top-level step ids in the deterministic order the interpreter
-    /// runs them: a topological order of the forward transitions, ties broken
-    /// by step id (Kahn's algorithm with the smallest ready id first). Owned
-    /// steps are not listed (their owner runs them).
-    ///
-    /// On an IR with a forward cycle (which validation rejects) the steps on
-    /// or after the cycle cannot be ordered; they come last, by id.
-    pub fn topo_order(&self) -> Vec<&StepId> {
-        let shape = crate::Shape::of(self);
-        let mut order: Vec<&StepId> = shape.order().iter().map(|&i| &self.steps[i].id).collect();
-        let mut rest: Vec<&StepId> = (0..self.steps.len())
-            .filter(|&i| {
-                shape.lookup(self.steps[i].id.as_str()) == Some(i)
-                    && shape.is_top(i)
-                    && shape.position(i).is_none()
-            })
-            .map(|i| &self.steps[i].id)
-            .collect();
-        rest.sort();
-        order.extend(rest);
-        order
     }
 
     /// Whether a run of this workflow can wait on an external event: it has a

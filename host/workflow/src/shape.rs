@@ -26,7 +26,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
-use crate::ir::{StepId, StepKind, WorkflowDef};
+use crate::ir::{StepDef, StepId, StepKind, WorkflowDef};
 use crate::validate::error::ValidationError;
 use crate::validate::limits::ValidatorLimits;
 
@@ -762,6 +762,71 @@ impl<'s> Reach<'s> {
             }
         }
         answers
+    }
+}
+
+/// Read-only helpers over the shape (seed 002). All are deterministic and
+/// total on any IR, valid or not; each asks [`Shape::of`] — the one
+/// implementation of the workflow's shape, which the validator computes and
+/// [`crate::Validated::shape`] carries — so the order shown here is the order
+/// that runs. On an invalid IR they answer for the part that makes sense
+/// (documented per method).
+impl WorkflowDef {
+    /// The step that owns `id` (a Parallel listing it as a branch or a
+    /// Conditional naming it as a target), if any; the first owner if
+    /// several claim it.
+    pub fn owner_of(&self, id: &str) -> Option<&StepDef> {
+        let shape = Shape::of(self);
+        let i = shape.lookup(id)?;
+        shape.owner(i).map(|o| &self.steps[o])
+    }
+
+    /// Top-level steps with no forward predecessor — where a run begins — by id.
+    pub fn start_steps(&self) -> Vec<&StepDef> {
+        Shape::of(self)
+            .start_steps()
+            .into_iter()
+            .map(|i| &self.steps[i])
+            .collect()
+    }
+
+    /// The top-level steps that depend on `id`: targets of forward
+    /// transitions from it, by id, each once.
+    pub fn dependents(&self, id: &str) -> Vec<&StepDef> {
+        let shape = Shape::of(self);
+        let Some(i) = shape.lookup(id) else {
+            return Vec::new();
+        };
+        let mut out: Vec<&StepDef> = shape
+            .successors(i)
+            .iter()
+            .map(|&j| &self.steps[j])
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// The top-level step ids in the deterministic order the interpreter
+    /// runs them: a topological order of the forward transitions, ties broken
+    /// by step id (Kahn's algorithm with the smallest ready id first). Owned
+    /// steps are not listed (their owner runs them).
+    ///
+    /// On an IR with a forward cycle (which validation rejects) the steps on
+    /// or after the cycle cannot be ordered; they come last, by id.
+    pub fn topo_order(&self) -> Vec<&StepId> {
+        let shape = Shape::of(self);
+        let mut order: Vec<&StepId> = shape.order().iter().map(|&i| &self.steps[i].id).collect();
+        let mut rest: Vec<&StepId> = (0..self.steps.len())
+            .filter(|&i| {
+                shape.lookup(self.steps[i].id.as_str()) == Some(i)
+                    && shape.is_top(i)
+                    && shape.position(i).is_none()
+            })
+            .map(|i| &self.steps[i].id)
+            .collect();
+        rest.sort();
+        order.extend(rest);
+        order
     }
 }
 

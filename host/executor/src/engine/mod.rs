@@ -220,16 +220,32 @@ impl Executor {
         Ok(outcome)
     }
 
-    /// Loads the version a run started on.
-    async fn runnable_of(&self, rec: &RunRecord) -> Result<Arc<Runnable>, RunError> {
-        self.kernel
-            .loader
-            .load(&rec.version)
-            .await
-            .map_err(|cause| RunError::Unavailable {
-                workflow: rec.workflow_id.clone(),
-                cause,
-            })
+    /// Loads the version a run started on. If this host cannot load it as
+    /// it would for a new run (a component the run pinned is gone), it is
+    /// loaded against what the run pinned, so only a step that reaches the
+    /// missing component fails, naming it.
+    async fn runnable_of(
+        &self,
+        store: &dyn Store,
+        rec: &RunRecord,
+    ) -> Result<Arc<Runnable>, RunError> {
+        let loader = &self.kernel.loader;
+        let unavailable = |cause| RunError::Unavailable {
+            workflow: rec.workflow_id.clone(),
+            cause,
+        };
+        match loader.load(&rec.version).await {
+            Ok(r) => Ok(r),
+            Err(refused) => {
+                let Ok(state) = run::state(store, &rec.id).await else {
+                    return Err(unavailable(refused));
+                };
+                loader
+                    .load_for_run(&rec.version, &state.pins())
+                    .await
+                    .map_err(unavailable)
+            }
+        }
     }
 
     /// The top-level ancestor of a run.
@@ -256,7 +272,7 @@ impl Executor {
     /// or one claimed now.
     async fn load(&self, run: &RunId, lease: Option<Lease>) -> Result<Arc<run::RunCtx>, RunError> {
         let (store, rec) = self.locate(run).await?;
-        let runnable = self.runnable_of(&rec).await?;
+        let runnable = self.runnable_of(&*store, &rec).await?;
         let scope = Self::root_scope(&rec);
         Ok(run::load(&self.kernel, store, run, runnable, scope, 0, lease).await?)
     }

@@ -154,7 +154,7 @@ impl Executor {
             });
         }
         let state = run::state(&*store, run).await?;
-        let runnable = self.runnable_of(&rec).await?;
+        let runnable = self.runnable_of(&*store, &rec).await?;
         let shape = &runnable.shape;
         let top_level: Vec<StepId> = shape.ready_order().cloned().collect();
         let from = match from {

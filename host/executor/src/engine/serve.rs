@@ -133,6 +133,7 @@ impl Executor {
                 let exec = self.clone();
                 tasks.spawn(async move {
                     let out = exec.drive_claimed(&rec.id, lease).await;
+                    let out = exec.cancelled_elsewhere(&rec.id, out).await;
                     (rec.id, out)
                 });
             }
@@ -169,6 +170,33 @@ impl Executor {
             }
         }
         Ok(report)
+    }
+}
+
+impl Executor {
+    /// A run halted by a refused write whose lease ended because an
+    /// operator cancelled it (from any host) is reported as cancelled: the
+    /// host obeyed the cancel, whether its heartbeat or its next write heard
+    /// it first.
+    async fn cancelled_elsewhere(
+        &self,
+        run: &RunId,
+        out: Result<RunOutcome, RunError>,
+    ) -> Result<RunOutcome, RunError> {
+        let Ok(mut o) = out else { return out };
+        let lost = o.status == poimen_store::RunStatus::Running
+            && o.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("no longer holds"));
+        if lost
+            && let Ok(Some(rec)) = self.kernel.store.run(run).await
+            && rec.status == poimen_store::RunStatus::Cancelled
+        {
+            tracing::info!(%run, "the run was cancelled elsewhere; this host stops driving it");
+            o.status = rec.status;
+            o.reason = rec.reason;
+        }
+        Ok(o)
     }
 }
 

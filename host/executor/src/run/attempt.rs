@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use poimen_workflow::{StepDef, StepId, StepKind};
 use serde_json::Value;
 
+use super::rubric::Scored;
 use super::{Halt, Inconsistency, RunCtx, RunFailure, StepEnd};
 use crate::effects::{Contract, Failure, FailureClass, VerifierCall};
 use crate::episode::{
@@ -70,10 +71,12 @@ impl RunCtx {
                             attempt: 1,
                         },
                     ];
-                    // A top-level tool step's start is committed with its `Pending`
-                    // intent: one store commit fewer per tool step. (Not inside a
+                    // A top-level tool or model step's start is committed with
+                    // its intent (`Pending`, `ModelRequested`): one store commit
+                    // fewer per step. (Not inside a
                     // fan-out, where the step limit counts starts as they happen.)
-                    if matches!(def.kind, StepKind::Tool(_)) && owner.is_none() {
+                    if matches!(def.kind, StepKind::Tool(_) | StepKind::Model(_)) && owner.is_none()
+                    {
                         self.defer(start);
                     } else {
                         self.record(start).await?;
@@ -331,7 +334,12 @@ impl RunCtx {
                 let defer = spine && def.verify.is_empty();
                 self.clone().tool_attempt(def, t, at, defer, scope).await?
             }
-            StepKind::Model(m) => self.model_attempt(def, m, at, scope).await?,
+            StepKind::Model(m) => {
+                // As for a tool: with no verifiers the answer rides with
+                // the step's end, the commit that first uses it.
+                let defer = spine && def.verify.is_empty();
+                self.model_attempt(def, m, at, defer, scope).await?
+            }
             StepKind::Conditional(c) => (
                 Value::Null,
                 self.clone()
@@ -388,8 +396,8 @@ impl RunCtx {
                     .score_rubric(&def.rubric, input, &output, timeout, scope)
                     .await?
                 {
-                    Ok(v) => v,
-                    Err(stop) => return Ok(stop.into()),
+                    Scored::Verdict(v) => v,
+                    Scored::Stopped(stop) => return Ok(stop.into()),
                 };
                 self.record(vec![EpisodeEvent::RubricScored {
                     step: Some(def.id.clone()),

@@ -221,7 +221,7 @@ impl RunCtx {
         )];
         let closed = vec![intent(phase, output_hash, error, Some(result.record))];
         if defer_outcome {
-            self.defer_outcome(events, closed, "after_committed");
+            self.defer_outcome(events, closed, Vec::new(), "after_committed");
         } else {
             self.commit(Batch::intents(events, closed)).await?;
             crash_point("after_committed");

@@ -393,6 +393,8 @@ pub(crate) struct RunCtx {
 struct Deferred {
     events: Vec<EpisodeEvent>,
     intents: Vec<IntentRecord>,
+    /// Blobs the queued events name (a model answer's text).
+    blobs: Vec<Vec<u8>>,
     /// The carrying commit is fsynced whatever it asks for: an intent's
     /// outcome is durable before the run moves on.
     sync: bool,
@@ -454,17 +456,20 @@ impl RunCtx {
         self.deferred().events.extend(events);
     }
 
-    /// Queues a tool call's outcome for the next commit, which is then
-    /// fsynced (see [`Deferred`]); `crash_after` is reached once it is.
+    /// Queues an effect's outcome (a tool call's, a model answer) for the
+    /// next commit, which is then fsynced (see [`Deferred`]); `crash_after`
+    /// is reached once it is.
     fn defer_outcome(
         &self,
         events: Vec<EpisodeEvent>,
         intents: Vec<IntentRecord>,
+        blobs: Vec<Vec<u8>>,
         crash_after: &'static str,
     ) {
         let mut d = self.deferred();
         d.events.extend(events);
         d.intents.extend(intents);
+        d.blobs.extend(blobs);
         d.sync = true;
         d.crash_after.push(crash_after);
     }
@@ -509,6 +514,11 @@ impl RunCtx {
         events.append(&mut batch.events);
         let mut intents = deferred.intents;
         intents.append(&mut batch.intents);
+        if !deferred.blobs.is_empty() {
+            let mut blobs = deferred.blobs;
+            blobs.append(&mut batch.blobs);
+            batch.blobs = blobs;
+        }
         if deferred.sync {
             batch.durability = Durability::Sync;
         }

@@ -11,6 +11,15 @@ use crate::effects::VerifierCall;
 use crate::episode::{CriterionVerdict, RubricVerdict, VerdictOutcome};
 use crate::scope::{RunScope, Stop};
 
+/// How scoring a rubric ended.
+#[derive(Debug)]
+pub(super) enum Scored {
+    /// Every criterion was scored: the verdict, to record.
+    Verdict(RubricVerdict),
+    /// The scope was stopped (cancelled, timed out) while verifiers ran.
+    Stopped(Stop),
+}
+
 impl RunCtx {
     /// Scores `output` (produced from `input`) by `rubric`'s criteria,
     /// their verifiers fanned out under `scope` and joined.
@@ -21,7 +30,7 @@ impl RunCtx {
         output: &Value,
         timeout: std::time::Duration,
         scope: &RunScope,
-    ) -> Result<Result<RubricVerdict, Stop>, Halt> {
+    ) -> Result<Scored, Halt> {
         let snap = self.snapshot().await;
         let mut calls = Vec::new();
         for c in &rubric.criteria {
@@ -58,9 +67,9 @@ impl RunCtx {
         }
         let criteria = match scope.guard(futures::future::join_all(calls)).await {
             Ok(c) => c,
-            Err(stop) => return Ok(Err(stop)),
+            Err(stop) => return Ok(Scored::Stopped(stop)),
         };
-        Ok(Ok(verdict(criteria, rubric.threshold)))
+        Ok(Scored::Verdict(verdict(criteria, rubric.threshold)))
     }
 }
 

@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use poimen_store::{BlobHash, RunStatus};
 
+use super::rubric::Scored;
 use super::{
     Batch, CommitError, Halt, Inconsistency, RunCtx, RunFailure, RunOutcome, StatusChange, StepEnd,
 };
@@ -193,7 +194,7 @@ impl RunCtx {
                     let scored = self
                         .score_rubric(&def.rubric, &snap.input, &output, timeout, &self.scope)
                         .await?;
-                    let Ok(v) = scored else {
+                    let Scored::Verdict(v) = scored else {
                         return Err(Halt::Cancelled);
                     };
                     self.record(vec![EpisodeEvent::RubricScored {

@@ -10,7 +10,7 @@ use wasmtime::component::Linker;
 use super::{Inner, PluginHost};
 use crate::engine::{self, CompileCache, EngineSettings};
 use crate::error::{BuildError, LoadError};
-use crate::limits::{DEFAULT_MAX_CONCURRENT, Limits};
+use crate::limits::{CallLimits, DEFAULT_MAX_CONCURRENT};
 use crate::policy::Policy;
 use crate::registry::Registry;
 use crate::state;
@@ -30,7 +30,7 @@ pub struct PluginHostBuilder {
     policy_file: Option<PathBuf>,
     plugin_dirs: Vec<PathBuf>,
     components: Vec<(String, Vec<u8>)>,
-    limits: Option<Limits>,
+    limits: Option<CallLimits>,
     no_fuel: bool,
     no_pooling: bool,
     pool_instances: Option<u32>,
@@ -87,7 +87,7 @@ impl PluginHostBuilder {
     }
 
     /// Default limits, before policy overrides.
-    pub fn limits(mut self, limits: Limits) -> Self {
+    pub fn limits(mut self, limits: CallLimits) -> Self {
         self.limits = Some(limits);
         self
     }
@@ -135,7 +135,7 @@ impl PluginHostBuilder {
         if self.no_fuel {
             base_limits.fuel = None;
         } else if base_limits.fuel.is_none() {
-            base_limits.fuel = Limits::default().fuel;
+            base_limits.fuel = CallLimits::default().fuel;
         }
         let (engine, allocator) = engine::build(EngineSettings {
             fuel: !self.no_fuel,

@@ -11,7 +11,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::PluginHost;
 use crate::bindings::{self, Descriptor};
 use crate::error::{InvokeError, ToolError};
-use crate::limits::{Limits, MAX_ERROR_MESSAGE_BYTES, MemoryLimitHit, STDERR_CAPTURE_BYTES};
+use crate::limits::{CallLimits, MAX_ERROR_MESSAGE_BYTES, MemoryLimitHit, STDERR_CAPTURE_BYTES};
 use crate::policy::Grant;
 use crate::record::{Baseline, Captured, HostCall, HostcallRecord, Refusal};
 use crate::registry::Pre;
@@ -70,7 +70,7 @@ fn panic_message(stderr: &str) -> Option<String> {
 }
 
 /// Turns a wasmtime error from a guest call into the specific error.
-fn classify(err: &wasmtime::Error, limits: &Limits, stderr: &Captured) -> InvokeError {
+fn classify(err: &wasmtime::Error, limits: &CallLimits, stderr: &Captured) -> InvokeError {
     if let Some(hit) = err.downcast_ref::<MemoryLimitHit>() {
         return InvokeError::MemoryExhausted {
             limit_bytes: hit.limit,
@@ -144,7 +144,7 @@ impl PluginHost {
         &self,
         pre: &Pre,
         grants: &[Grant],
-        limits: Limits,
+        limits: CallLimits,
         seed: &[u8; 32],
         call: GuestCall<'_>,
     ) -> GuestRun {

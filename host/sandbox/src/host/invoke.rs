@@ -13,7 +13,7 @@ use super::PluginHost;
 use super::call::{GuestVerdict, Invocation, ToolRequest, VerifierInvocation, VerifierRequest};
 use super::guest::{GuestCall, Returned, tool_error};
 use crate::error::InvokeError;
-use crate::limits::Limits;
+use crate::limits::CallLimits;
 use crate::record::{Baseline, CallKind, Captured, HostcallRecord, Outcome, b3};
 use crate::registry::{Loaded, PluginKind};
 use crate::state;
@@ -57,7 +57,7 @@ impl PluginHost {
         requested: String,
         args: String,
         key: Option<String>,
-        limits: Limits,
+        limits: CallLimits,
     ) -> HostcallRecord {
         HostcallRecord {
             kind,
@@ -81,7 +81,7 @@ impl PluginHost {
         }
     }
 
-    fn effective_limits(entry: &Loaded, timeout: Option<Duration>) -> Limits {
+    fn effective_limits(entry: &Loaded, timeout: Option<Duration>) -> CallLimits {
         let mut limits = entry.limits;
         if let Some(t) = timeout {
             limits.timeout = limits.timeout.min(t);

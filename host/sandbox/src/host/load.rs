@@ -18,7 +18,7 @@ use crate::bindings::{self, Descriptor, ToolPre, VerifierPre};
 use crate::engine;
 use crate::error::{InvokeError, LoadError};
 use crate::imports::{self, Import, ImportProblem};
-use crate::record::{CallKind, HostcallRecord, Outcome, ToolIdentity, WIT_PACKAGE, b3};
+use crate::record::{CallKind, ComponentIdentity, HostcallRecord, Outcome, WIT_PACKAGE, b3};
 use crate::registry::{Loaded, PluginKind, Pre};
 use crate::schema::OutputSchema;
 use crate::state;
@@ -181,13 +181,17 @@ impl PluginHost {
         };
         let info = descriptor_info(origin, descriptor, &digest)?;
         let output_schema = compile_output_schema(origin, &info.output_schema)?;
-        record.tool = Some(ToolIdentity {
+        record.tool = Some(ComponentIdentity {
             name: info.name.clone(),
             version: info.version.to_string(),
             digest: digest.clone(),
             wit_package: WIT_PACKAGE.to_owned(),
         });
-        let described = serde_json::to_value(&info).unwrap_or(Value::Null);
+        let described = serde_json::to_value(&info).map_err(|e| LoadError::BadDescriptor {
+            origin: origin.to_owned(),
+            field: "descriptor",
+            message: format!("cannot be encoded as JSON: {e}"),
+        })?;
         let text = canonical(&described).unwrap_or_default();
         record.outcome = Outcome::Ok {
             output_hash: b3(text.as_bytes()),
@@ -326,7 +330,7 @@ impl PluginHost {
             }
         };
         let limits = policy.limits_for(&c.info.name, self.inner.base_limits);
-        let identity = ToolIdentity {
+        let identity = ComponentIdentity {
             name: c.info.name.clone(),
             version: c.info.version.to_string(),
             digest: c.info.digest.clone(),

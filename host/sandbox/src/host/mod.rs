@@ -33,7 +33,7 @@ pub use load::inspect;
 pub use crate::engine::AllocatorKind;
 use crate::engine::CompileCache;
 use crate::error::InvokeError;
-use crate::limits::Limits;
+use crate::limits::CallLimits;
 use crate::policy::Policy;
 use crate::registry::{Entry, PluginKind, Registry};
 use crate::state::CallState;
@@ -52,7 +52,7 @@ struct Inner {
     linker: Linker<CallState>,
     cache: CompileCache,
     policy: Policy,
-    base_limits: Limits,
+    base_limits: CallLimits,
     registry: RwLock<Registry>,
     slots: tokio::sync::Semaphore,
     in_flight: AtomicUsize,

@@ -50,7 +50,7 @@ async fn every_invocation_has_a_complete_serializable_record() {
         }
     );
     assert!(rec.fuel_consumed.is_some_and(|f| f > 0));
-    assert_eq!(rec.limits, poimen_sandbox::Limits::default());
+    assert_eq!(rec.limits, poimen_sandbox::CallLimits::default());
     let back: poimen_sandbox::HostcallRecord =
         serde_json::from_str(&serde_json::to_string(rec).expect("ser")).expect("de");
     assert_eq!(&back, rec);

@@ -75,9 +75,9 @@ use crate::records::{
     Commit, CreateRun, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion, PublishOutcome,
     RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
 };
+use crate::redact::redact_url;
 use crate::rules;
 use crate::store::{Store, StoreResult};
-use crate::url::redact_url;
 
 pub use self::schema::PG_SCHEMA_VERSION;
 

@@ -1089,7 +1089,13 @@ pub(crate) async fn judgment(
 }
 
 pub(crate) async fn open_judgments(c: &Object, ctx: &Ctx) -> Result<Vec<JudgmentRecord>> {
-    let sql = format!("{JUDGMENT_SELECT} WHERE a.judgment IS NULL ORDER BY j.seq");
+    // A request of a run that ended (cancelled, failed) is no longer open:
+    // nobody can answer it.
+    let sql = format!(
+        "{JUDGMENT_SELECT} JOIN runs r ON r.id = j.run
+         WHERE a.judgment IS NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
+         ORDER BY j.seq"
+    );
     query(c, ctx, &sql, &[])
         .await?
         .iter()

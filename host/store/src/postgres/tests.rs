@@ -24,7 +24,7 @@ async fn the_sql_intent_protocol_is_the_rules_one() {
         Err(e) => panic!(
             "PostgreSQL is not reachable at {} ({e}). Start one with `pg_ctlcluster 15 main \
              start` or `service postgresql start`, or point POIMEN_TEST_PG at one",
-            crate::url::redact_url(&url)
+            crate::redact::redact_url(&url)
         ),
     };
     tokio::spawn(async move {

@@ -1115,6 +1115,12 @@ pub(crate) fn judgment(
 }
 
 pub(crate) fn open_judgments(c: &Connection, p: &Path) -> Result<Vec<JudgmentRecord>> {
-    let sql = format!("{JUDGMENT_SELECT} WHERE a.judgment IS NULL ORDER BY j.seq");
+    // A request of a run that ended (cancelled, failed) is no longer open:
+    // nobody can answer it.
+    let sql = format!(
+        "{JUDGMENT_SELECT} JOIN runs r ON r.id = j.run
+         WHERE a.judgment IS NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
+         ORDER BY j.seq"
+    );
     collect(c, p, &sql, [], raw_judgment, |r| to_judgment(p, r))
 }

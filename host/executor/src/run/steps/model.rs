@@ -22,6 +22,7 @@ impl RunCtx {
         def: &StepDef,
         m: &ModelStep,
         at: AttemptId,
+        defer_answer: bool,
         scope: &RunScope,
     ) -> Result<(Value, StepEnd), Halt> {
         let snap = self.snapshot().await;
@@ -125,31 +126,42 @@ impl RunCtx {
                         // The answer is durable before it is used: after a
                         // crash it is reused, never asked for again.
                         let output_blob = BlobHash::of(resp.text.as_bytes());
-                        self.commit(Batch {
-                            blobs: vec![resp.text.clone().into_bytes()],
-                            ..Batch::intents(
-                                vec![EpisodeEvent::ModelCalled {
-                                    step: def.id.clone(),
-                                    iteration: at.iteration,
-                                    attempt: at.attempt,
-                                    provider: provider.provider().to_owned(),
-                                    model: resp.model.clone(),
-                                    prompt: BlobHash::of(prompt.as_bytes()).to_string(),
-                                    system: system
-                                        .as_ref()
-                                        .map(|s| BlobHash::of(s.as_bytes()).to_string()),
-                                    partition,
-                                    output: output_blob.to_string(),
-                                    text: resp.text.clone(),
-                                    usage: resp.usage,
-                                    latency_ms,
-                                    request_hash: Some(request_hash),
-                                }],
+                        let called = EpisodeEvent::ModelCalled {
+                            step: def.id.clone(),
+                            iteration: at.iteration,
+                            attempt: at.attempt,
+                            provider: provider.provider().to_owned(),
+                            model: resp.model.clone(),
+                            prompt: BlobHash::of(prompt.as_bytes()).to_string(),
+                            system: system
+                                .as_ref()
+                                .map(|s| BlobHash::of(s.as_bytes()).to_string()),
+                            partition,
+                            output: output_blob.to_string(),
+                            text: resp.text.clone(),
+                            usage: resp.usage,
+                            latency_ms,
+                            request_hash: Some(request_hash),
+                        };
+                        let blobs = vec![resp.text.clone().into_bytes()];
+                        if defer_answer {
+                            // Durable with the step's end, which follows
+                            // at once and is the first to use it; a crash
+                            // before it asks again (a re-ask).
+                            self.defer_outcome(
+                                vec![called],
                                 Vec::new(),
-                            )
-                        })
-                        .await?;
-                        crash_point("after_model_committed");
+                                blobs,
+                                "after_model_committed",
+                            );
+                        } else {
+                            self.commit(Batch {
+                                blobs,
+                                ..Batch::intents(vec![called], Vec::new())
+                            })
+                            .await?;
+                            crash_point("after_model_committed");
+                        }
                         resp.text
                     }
                     Err(failure) => {
