@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::CommandFactory;
+use poimen::sandbox::imports::Linked;
 use poimen::{Host, ModelChoice, OpenAiConfig, Reconciliation, RunOutcome, RunStatus, Target};
 use serde_json::{Value, json};
 
@@ -1099,8 +1100,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 // A component whose imports no host serves is a finding of
                 // the inspection, not a failure to inspect.
                 Err(poimen::Error::Plugin(
-                    e @ (poimen::sandbox::LoadError::Sockets { .. }
-                    | poimen::sandbox::LoadError::UnknownImport { .. }),
+                    e @ poimen::sandbox::LoadError::UnknownImport { .. },
                 )) => {
                     let problem = e.to_string();
                     if g.json {
@@ -1135,7 +1135,12 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 );
                 println!("  imports:");
                 for imp in &i.imports {
-                    println!("    {} ({:?})", imp.name, imp.class);
+                    println!("    {} ({}: {})", imp.name, imp.class, imp.linked);
+                }
+                if i.imports.iter().any(|imp| imp.linked == Linked::Denied) {
+                    println!(
+                        "  linked, denied: imports it does not declare a capability for are linked with nothing granted; every use is refused and recorded"
+                    );
                 }
                 match &i.eligibility {
                     Ok(()) => println!("  shadow evaluation: eligible"),
@@ -1147,27 +1152,12 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                             .join("; ")
                     ),
                 }
-                for p in &i.problems {
-                    println!("  problem: {p}");
-                }
             }
-            Ok(if i.problems.is_empty() {
-                exit::OK
-            } else {
-                exit::INVALID
-            })
+            Ok(exit::OK)
         }
         PluginCmd::Add { file, replace } => {
             let bytes = read_component(&file)?;
             let i = host.inspect_plugin(bytes.clone()).await?;
-            if !i.problems.is_empty() {
-                return Err(Invalid(format!(
-                    "{} cannot be loaded: {}",
-                    file.display(),
-                    i.problems.join("; ")
-                ))
-                .into());
-            }
             let dir = plugin_store_dir(g)?;
             let (name, version) = (&i.info.name, i.info.version.to_string());
             let installed: Vec<poimen::sandbox::Entry> =

@@ -545,12 +545,13 @@ fn plugin_list_inspect_add_call() {
                 .unwrap_or("")
                 .starts_with("wasi:filesystem"))
     );
-    // A component importing sockets is reported with its problem.
+    // A component importing sockets loads: they are linked, denied.
     env.cmd()
         .args(["plugin", "inspect", plugin_artifacts::ADV_SOCKETS])
         .assert()
-        .code(3)
-        .stdout(predicate::str::contains("problem"));
+        .code(0)
+        .stdout(predicate::str::contains("wasi:sockets/tcp-create-socket@"))
+        .stdout(predicate::str::contains("sockets: linked, denied"));
     // Not a component at all.
     let junk = env.write("junk.wasm", "not wasm");
     env.cmd()

@@ -178,10 +178,6 @@ pub enum LoadError {
     )]
     NotAPlugin { origin: String, reason: String },
     #[error(
-        "{origin}: imports `{import}`: wasi:sockets is never granted; reach the network through wasi:http and the `http` capability"
-    )]
-    Sockets { origin: String, import: String },
-    #[error(
         "{origin}: imports `{import}`, which this host does not provide (it serves wasi 0.2.x and {})",
         crate::record::WIT_PACKAGE
     )]
@@ -196,15 +192,6 @@ pub enum LoadError {
         origin: String,
         field: &'static str,
         message: String,
-    },
-    #[error(
-        "`{component}` ({origin}) imports `{import}` but does not declare a capability covering it (needs {needs})"
-    )]
-    UndeclaredImport {
-        component: String,
-        origin: String,
-        import: String,
-        needs: &'static str,
     },
     #[error(
         "`{component}` ({origin}) declares `{capability}`, which {policy} does not grant; to grant it: {hint}"
@@ -242,11 +229,9 @@ impl LoadError {
             LoadError::Read { origin, .. }
             | LoadError::Compile { origin, .. }
             | LoadError::NotAPlugin { origin, .. }
-            | LoadError::Sockets { origin, .. }
             | LoadError::UnknownImport { origin, .. }
             | LoadError::Describe { origin, .. }
             | LoadError::BadDescriptor { origin, .. }
-            | LoadError::UndeclaredImport { origin, .. }
             | LoadError::CapabilityDenied { origin, .. }
             | LoadError::ReservedName { origin, .. } => origin,
             LoadError::Conflict { second, .. } => second,

@@ -1,11 +1,20 @@
-//! What a component's imports need, read from the component's type.
+//! What a component's imports need, read from the component's type, and
+//! how the host links each one.
 //!
 //! Every import is classified: served virtually with no capability
 //! (baseline), needs a filesystem capability, needs `http`, never grantable
-//! (`wasi:sockets`), or unknown. [`check`] then holds the imports against
-//! the component's declared capabilities. This module never trusts a
-//! component's word about what it imports, and knows nothing of policy:
-//! whether a declared capability is granted is `policy`'s question.
+//! (`wasi:sockets`), or unknown. [`settle`] then decides, against the
+//! component's declared capabilities, how each is linked
+//! ([`Linked`]): served, served through a declared capability (what it
+//! reaches is the policy's grant), or **linked and denied** — an import of
+//! `wasi:filesystem` or `wasi:http` the component does not declare gets no
+//! preopens and an empty allowlist, and `wasi:sockets` denies every socket,
+//! each attempt recorded. Language runtimes import these whether or not a
+//! tool uses them; linking them denied lets such a tool load and run while
+//! it holds nothing. Only an import the host does not serve at all is
+//! refused ([`unknown`]). This module never trusts a component's word
+//! about what it imports, and knows nothing of policy: whether a declared
+//! capability is granted is `policy`'s question.
 
 use std::fmt;
 
@@ -79,12 +88,53 @@ impl fmt::Display for ImportClass {
     }
 }
 
+/// How the host links one import of a component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Linked {
+    /// Served virtually: reaches nothing outside the call.
+    Served,
+    /// Served through a capability the component declares: it reaches what
+    /// the policy grants for that capability, nothing more.
+    Declared,
+    /// Linked, with nothing granted: every attempted use is refused and
+    /// recorded (a filesystem or HTTP import the component does not
+    /// declare; `wasi:sockets`, which nothing grants).
+    Denied,
+    /// Not served at all: the component cannot load.
+    Refused,
+}
+
+impl fmt::Display for Linked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Linked::Served => "served",
+            Linked::Declared => "declared",
+            Linked::Denied => "linked, denied",
+            Linked::Refused => "refused",
+        })
+    }
+}
+
 /// One import of a component, as its type says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Import {
     /// The full name, e.g. `wasi:filesystem/types@0.2.6`.
     pub name: String,
     pub class: ImportClass,
+    /// How it is linked (before [`settle`], as if nothing were declared).
+    pub linked: Linked,
+}
+
+/// How an import of `class` is linked for a component declaring `declared`.
+pub fn linking(class: ImportClass, declared: &[Capability]) -> Linked {
+    match class {
+        ImportClass::Baseline => Linked::Served,
+        ImportClass::Unknown => Linked::Refused,
+        ImportClass::Sockets => Linked::Denied,
+        c if c.covered_by(declared) => Linked::Declared,
+        _ => Linked::Denied,
+    }
 }
 
 /// Classifies one import name.
@@ -123,12 +173,17 @@ pub fn classify(name: &str) -> ImportClass {
         ) => ImportClass::Baseline,
         ("wasi:filesystem", "types" | "preopens") => ImportClass::Filesystem,
         ("wasi:http", "types" | "outgoing-handler") => ImportClass::Http,
-        ("wasi:sockets", _) => ImportClass::Sockets,
+        (
+            "wasi:sockets",
+            "network" | "instance-network" | "tcp" | "tcp-create-socket" | "udp"
+            | "udp-create-socket" | "ip-name-lookup",
+        ) => ImportClass::Sockets,
         _ => ImportClass::Unknown,
     }
 }
 
-/// The component's imports, classified, from its type.
+/// The component's imports, classified, from its type (linked as if it
+/// declared nothing; see [`settle`]).
 pub fn of_component(
     component: &wasmtime::component::Component,
     engine: &wasmtime::Engine,
@@ -136,52 +191,29 @@ pub fn of_component(
     component
         .component_type()
         .imports(engine)
-        .map(|(name, _)| Import {
-            name: name.to_owned(),
-            class: classify(name),
+        .map(|(name, _)| {
+            let class = classify(name);
+            Import {
+                name: name.to_owned(),
+                class,
+                linked: linking(class, &[]),
+            }
         })
         .collect()
 }
 
-/// An import the component may not have.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImportProblem {
-    /// `wasi:sockets`: never grantable.
-    Sockets { import: String },
-    /// Not something the host serves.
-    Unknown { import: String },
-    /// Needs a capability the component does not declare.
-    Undeclared { import: String, needs: &'static str },
+/// Settles how each import is linked, now that the component has declared
+/// its capabilities.
+pub fn settle(imports: &mut [Import], declared: &[Capability]) {
+    for i in imports {
+        i.linked = linking(i.class, declared);
+    }
 }
 
-/// Holds `imports` against `declared`; returns every problem. Imports that
-/// can never load (sockets, unknown) are reported whatever is declared.
-pub fn check(imports: &[Import], declared: &[Capability]) -> Vec<ImportProblem> {
-    imports
-        .iter()
-        .filter_map(|i| match i.class {
-            ImportClass::Sockets => Some(ImportProblem::Sockets {
-                import: i.name.clone(),
-            }),
-            ImportClass::Unknown => Some(ImportProblem::Unknown {
-                import: i.name.clone(),
-            }),
-            c if c.covered_by(declared) => None,
-            c => Some(ImportProblem::Undeclared {
-                import: i.name.clone(),
-                needs: c.needs(),
-            }),
-        })
-        .collect()
-}
-
-/// The imports that can never load, whatever is declared: checked before
-/// the component is instantiated at all.
-pub fn never_loadable(imports: &[Import]) -> Vec<ImportProblem> {
-    check(imports, &[])
-        .into_iter()
-        .filter(|p| !matches!(p, ImportProblem::Undeclared { .. }))
-        .collect()
+/// The first import the host does not serve at all, if any: checked before
+/// the component is instantiated.
+pub fn unknown(imports: &[Import]) -> Option<&Import> {
+    imports.iter().find(|i| i.class == ImportClass::Unknown)
 }
 
 #[cfg(test)]
@@ -246,54 +278,71 @@ mod tests {
         }
     }
 
-    fn imports(names: &[&str]) -> Vec<Import> {
-        names
+    fn imports(names: &[&str], declared: &[Capability]) -> Vec<Import> {
+        let mut out: Vec<Import> = names
             .iter()
             .map(|n| Import {
                 name: (*n).into(),
                 class: classify(n),
+                linked: linking(classify(n), &[]),
             })
-            .collect()
+            .collect();
+        settle(&mut out, declared);
+        out
+    }
+
+    fn linked(names: &[&str], declared: &[Capability]) -> Vec<Linked> {
+        imports(names, declared).iter().map(|i| i.linked).collect()
     }
 
     #[test]
-    fn every_capability_bearing_import_must_be_declared() {
-        let fs = imports(&["wasi:io/poll@0.2.6", "wasi:filesystem/types@0.2.6"]);
+    fn a_capability_bearing_import_is_served_only_when_declared_and_else_denied() {
+        let fs = ["wasi:io/poll@0.2.6", "wasi:filesystem/types@0.2.6"];
+        assert_eq!(linked(&fs, &[]), [Linked::Served, Linked::Denied]);
         assert_eq!(
-            check(&fs, &[]),
-            [ImportProblem::Undeclared {
-                import: "wasi:filesystem/types@0.2.6".into(),
-                needs: ImportClass::Filesystem.needs()
-            }]
+            linked(&fs, &["fs-read:/data".parse().expect("cap")]),
+            [Linked::Served, Linked::Declared]
         );
-        assert!(check(&fs, &["fs-read:/data".parse().expect("cap")]).is_empty());
-        assert!(check(&fs, &[Capability::Scratch]).is_empty());
-        assert!(!check(&fs, &[Capability::Http]).is_empty());
-
-        let http = imports(&["wasi:http/outgoing-handler@0.2.12"]);
-        assert_eq!(check(&http, &[]).len(), 1);
-        assert!(check(&http, &[Capability::Http]).is_empty());
+        assert_eq!(
+            linked(&fs, &[Capability::Scratch]),
+            [Linked::Served, Linked::Declared]
+        );
+        assert_eq!(
+            linked(&fs, &[Capability::Http]),
+            [Linked::Served, Linked::Denied]
+        );
+        let http = ["wasi:http/outgoing-handler@0.2.12"];
+        assert_eq!(linked(&http, &[]), [Linked::Denied]);
+        assert_eq!(linked(&http, &[Capability::Http]), [Linked::Declared]);
     }
 
     #[test]
-    fn sockets_and_unknown_imports_never_load() {
-        let bad = imports(&[
+    fn sockets_are_always_denied_and_unknown_imports_refused() {
+        let all = [Capability::Http, Capability::Scratch];
+        let names = [
             "wasi:sockets/tcp@0.2.0",
             "acme:x/y@1.0.0",
             "wasi:http/types@0.2.0",
-        ]);
-        let all = [Capability::Http, Capability::Scratch];
+        ];
         assert_eq!(
-            check(&bad, &all),
-            [
-                ImportProblem::Sockets {
-                    import: "wasi:sockets/tcp@0.2.0".into()
-                },
-                ImportProblem::Unknown {
-                    import: "acme:x/y@1.0.0".into()
-                },
-            ]
+            linked(&names, &all),
+            [Linked::Denied, Linked::Refused, Linked::Declared]
         );
-        assert_eq!(never_loadable(&bad).len(), 2);
+        assert_eq!(
+            unknown(&imports(&names, &all)).map(|i| i.name.as_str()),
+            Some("acme:x/y@1.0.0")
+        );
+        assert_eq!(classify("wasi:sockets/other@0.2.0"), ImportClass::Unknown);
+        for what_python_imports in [
+            "wasi:sockets/instance-network@0.2.9",
+            "wasi:sockets/ip-name-lookup@0.2.9",
+            "wasi:sockets/network@0.2.9",
+            "wasi:sockets/tcp-create-socket@0.2.9",
+            "wasi:sockets/tcp@0.2.9",
+            "wasi:sockets/udp-create-socket@0.2.9",
+            "wasi:sockets/udp@0.2.9",
+        ] {
+            assert_eq!(classify(what_python_imports), ImportClass::Sockets);
+        }
     }
 }

@@ -37,6 +37,7 @@ pub mod policy;
 pub mod record;
 mod registry;
 mod schema;
+mod sockets;
 mod state;
 
 pub use engine::CacheOutcome;

@@ -31,6 +31,7 @@ use crate::http::HttpGate;
 use crate::limits::MemoryLimiter;
 use crate::policy::Grant;
 use crate::record::{Baseline, Captured, Journal};
+use crate::sockets::{DeniedSockets, Denying};
 
 /// What `wasi:clocks/wall-clock` says it is: 2000-01-01T00:00:00Z, for every
 /// call. A tool that needs the time gets it in its arguments, from the
@@ -350,6 +351,17 @@ impl CallState {
         }
     }
 
+    /// What the denying `wasi:sockets` interfaces work on.
+    fn sockets_denied(&mut self) -> Denying<'_> {
+        Denying {
+            journal: &self.journal,
+            inner: wasmtime_wasi::sockets::WasiSocketsCtxView {
+                ctx: self.wasi.sockets(),
+                table: &mut self.table,
+            },
+        }
+    }
+
     pub fn baseline(&self) -> Baseline {
         Baseline {
             wall_clock_reads: self.counters.wall_reads.load(Ordering::Relaxed),
@@ -391,8 +403,8 @@ impl WasiHttpView for CallState {
 }
 
 /// Puts every interface the host serves into `linker`: the baseline ones
-/// from wasmtime-wasi, the filesystem through the recording wrapper, and
-/// `wasi:http` through the allowlist hook. `wasi:sockets` is not there.
+/// from wasmtime-wasi, the filesystem through the recording wrapper,
+/// `wasi:http` through the allowlist hook, and `wasi:sockets` denied.
 pub(crate) fn link(linker: &mut wasmtime::component::Linker<CallState>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::WasiCli;
     use wasmtime_wasi::clocks::WasiClocks;
@@ -426,6 +438,28 @@ pub(crate) fn link(linker: &mut wasmtime::component::Linker<CallState>) -> wasmt
     filesystem::types::add_to_linker::<CallState, RecordedFilesystem>(l, CallState::filesystem)?;
     filesystem::preopens::add_to_linker::<CallState, RecordedFilesystem>(l, CallState::filesystem)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(l)?;
+    // `wasi:sockets`: every way to a socket denied and recorded
+    // (`sockets.rs`); the rest is wasmtime-wasi's, over a context that
+    // allows nothing, with no socket to act on.
+    use wasmtime_wasi::p2::bindings::sockets;
+    use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
+    let view = <CallState as WasiSocketsView>::sockets;
+    sockets::tcp::add_to_linker::<CallState, WasiSockets>(l, view)?;
+    sockets::udp::add_to_linker::<CallState, WasiSockets>(l, view)?;
+    sockets::instance_network::add_to_linker::<CallState, WasiSockets>(l, view)?;
+    sockets::network::add_to_linker::<CallState, WasiSockets>(l, &Default::default(), view)?;
+    sockets::tcp_create_socket::add_to_linker::<CallState, DeniedSockets>(
+        l,
+        CallState::sockets_denied,
+    )?;
+    sockets::udp_create_socket::add_to_linker::<CallState, DeniedSockets>(
+        l,
+        CallState::sockets_denied,
+    )?;
+    sockets::ip_name_lookup::add_to_linker::<CallState, DeniedSockets>(
+        l,
+        CallState::sockets_denied,
+    )?;
     Ok(())
 }
 

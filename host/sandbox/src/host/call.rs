@@ -109,9 +109,8 @@ pub struct VerifierInvocation {
 pub struct Inspection {
     pub kind: PluginKind,
     pub info: ToolInfo,
+    /// Every import and how a host links it (`linked`: served, through a
+    /// declared capability, or linked and denied).
     pub imports: Vec<Import>,
-    /// Imports the declared capabilities do not cover; a host refuses to
-    /// load the component while any is listed.
-    pub problems: Vec<String>,
     pub eligibility: Result<(), Vec<Ineligibility>>,
 }

@@ -17,7 +17,7 @@ use super::invoke::canonical;
 use crate::bindings::{self, Descriptor, ToolPre, VerifierPre};
 use crate::engine;
 use crate::error::{InvokeError, LoadError};
-use crate::imports::{self, Import, ImportProblem};
+use crate::imports::{self, Import};
 use crate::record::{CallKind, ComponentIdentity, HostcallRecord, Outcome, WIT_PACKAGE, b3};
 use crate::registry::{Loaded, PluginKind, Pre};
 use crate::schema::OutputSchema;
@@ -97,8 +97,6 @@ struct Checked {
     info: ToolInfo,
     pre: Pre,
     imports: Vec<Import>,
-    /// Imports the declared capabilities do not cover, and what would.
-    undeclared: Vec<(String, &'static str)>,
     cache: engine::CacheOutcome,
     describe_record: HostcallRecord,
     output_schema: OutputSchema,
@@ -125,19 +123,11 @@ impl PluginHost {
                 });
             }
         };
-        let imports = imports::of_component(&component, &self.inner.engine);
-        if let Some(p) = imports::never_loadable(&imports).into_iter().next() {
-            return Err(match p {
-                ImportProblem::Sockets { import } => LoadError::Sockets {
-                    origin: origin.to_owned(),
-                    import,
-                },
-                ImportProblem::Unknown { import } | ImportProblem::Undeclared { import, .. } => {
-                    LoadError::UnknownImport {
-                        origin: origin.to_owned(),
-                        import,
-                    }
-                }
+        let mut imports = imports::of_component(&component, &self.inner.engine);
+        if let Some(unknown) = imports::unknown(&imports) {
+            return Err(LoadError::UnknownImport {
+                origin: origin.to_owned(),
+                import: unknown.name.clone(),
             });
         }
         let (kind, pre) = self.prelink(origin, &component)?;
@@ -197,19 +187,14 @@ impl PluginHost {
             output_hash: b3(text.as_bytes()),
             output_bytes: text.len() as u64,
         };
-        let undeclared = imports::check(&imports, &info.capabilities)
-            .into_iter()
-            .filter_map(|p| match p {
-                ImportProblem::Undeclared { import, needs } => Some((import, needs)),
-                _ => None,
-            })
-            .collect();
+        // What the declared capabilities cover is served through them; any
+        // other filesystem or HTTP import stays linked with nothing granted.
+        imports::settle(&mut imports, &info.capabilities);
         Ok(Checked {
             kind,
             info,
             pre,
             imports,
-            undeclared,
             cache,
             describe_record: record,
             output_schema,
@@ -284,14 +269,6 @@ impl PluginHost {
                 owner,
             });
         }
-        if let Some((import, needs)) = c.undeclared.first() {
-            return Err(LoadError::UndeclaredImport {
-                component: c.info.name,
-                origin,
-                import: import.clone(),
-                needs,
-            });
-        }
         let policy = &self.inner.policy;
         let grants = match policy.grant(&c.info.name, &c.info.capabilities) {
             Ok(grants) => grants,
@@ -363,11 +340,6 @@ impl PluginHost {
         Ok(Inspection {
             kind: c.kind,
             eligibility: shadow_eligibility(&c.info.capabilities, c.info.effect),
-            problems: c
-                .undeclared
-                .into_iter()
-                .map(|(import, needs)| format!("imports `{import}` without declaring {needs}"))
-                .collect(),
             info: c.info,
             imports: c.imports,
         })

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use poimen_sandbox::imports::Linked;
 use poimen_sandbox::record::{CallKind, Outcome, b3};
 use poimen_sandbox::{
     BuildError, Capability, EffectClass, ImportClass, InvokeError, LoadError, PluginHost,
@@ -295,12 +296,10 @@ async fn declared_capabilities_must_be_granted_at_load() {
     }
     match support::builder().plugin_dir(dir.path()).build().await {
         Err(BuildError::Refused(errors)) => {
-            assert_eq!(errors.len(), 2, "{errors:?}");
+            // The sockets import is linked and denied, not a refusal.
+            assert_eq!(errors.len(), 1, "{errors:?}");
             assert!(
-                matches!(&errors[0], LoadError::Sockets { origin, .. } if origin.ends_with("a.wasm"))
-            );
-            assert!(
-                matches!(&errors[1], LoadError::CapabilityDenied { capability, .. } if capability == "http")
+                matches!(&errors[0], LoadError::CapabilityDenied { capability, .. } if capability == "http")
             );
         }
         other => panic!("expected Refused, got {other:?}"),
@@ -420,22 +419,39 @@ async fn inspect_reports_descriptor_imports_and_problems() {
     assert_eq!(i.kind, PluginKind::Tool);
     assert_eq!(i.info.name, "http-get");
     assert_eq!(i.info.capabilities, [Capability::Http]);
-    assert!(i.imports.iter().any(|x| x.class == ImportClass::Http));
-    assert!(i.problems.is_empty());
+    assert!(
+        i.imports
+            .iter()
+            .any(|x| x.class == ImportClass::Http && x.linked == Linked::Declared)
+    );
     assert!(i.eligibility.is_err());
 
+    // Undeclared HTTP: linked, denied.
     let i = w
         .host
         .inspect(bytes(plugin_artifacts::ADV_UNDECLARED_HTTP))
         .await
         .expect("inspect");
-    assert_eq!(i.problems.len(), 2, "{:?}", i.problems);
-    let e = w
+    let http: Vec<_> = i
+        .imports
+        .iter()
+        .filter(|x| x.class == ImportClass::Http)
+        .collect();
+    assert_eq!(http.len(), 2, "{:?}", i.imports);
+    assert!(http.iter().all(|x| x.linked == Linked::Denied));
+    // Sockets: always linked, denied.
+    let i = w
         .host
         .inspect(bytes(plugin_artifacts::ADV_SOCKETS))
         .await
-        .expect_err("sockets");
-    assert!(matches!(e, LoadError::Sockets { .. }));
+        .expect("sockets are linked, denied");
+    assert!(
+        i.imports
+            .iter()
+            .filter(|x| x.class == ImportClass::Sockets)
+            .all(|x| x.linked == Linked::Denied)
+    );
+    assert!(i.imports.iter().any(|x| x.class == ImportClass::Sockets));
     // Inspection registers nothing.
     assert!(
         w.host

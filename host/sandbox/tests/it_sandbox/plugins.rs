@@ -634,58 +634,51 @@ pub(crate) async fn adv_bad_output() {
 
 #[tokio::test]
 pub(crate) async fn adv_sockets() {
+    // `wasi:sockets` is linked and denied: the component loads (a language
+    // runtime imports sockets whether or not the tool uses them), and its
+    // attempt to open a socket is refused, recorded, and fails the call.
     let w = world().await;
-    let e = w
+    let entry = w
         .host
         .load_component("test:adv-sockets", bytes(plugin_artifacts::ADV_SOCKETS))
         .await
-        .expect_err("refused");
-    match &e {
-        LoadError::Sockets { origin, import } => {
-            assert_eq!(origin, "test:adv-sockets");
-            assert!(import.starts_with("wasi:sockets/"), "{import}");
+        .expect("loads, sockets linked and denied");
+    assert_eq!(entry.info.name, "adv-sockets");
+    let r = call(&w.host, "adv-sockets", json!({})).await;
+    match error(&r) {
+        InvokeError::CapabilityDenied {
+            component,
+            capability,
+            attempted,
+            why,
+            ..
+        } => {
+            assert_eq!(component, "adv-sockets");
+            assert_eq!(capability, "sockets");
+            assert!(attempted.contains("create-tcp-socket"), "{attempted}");
+            assert!(why.contains("wasi:http"), "{why}");
         }
-        e => panic!("expected Sockets, got {e:?}"),
+        e => panic!("expected CapabilityDenied, got {e:?}"),
     }
+    assert_eq!(r.record.refusals.len(), 1, "{:?}", r.record.refusals);
     assert!(
-        e.to_string().contains("use") || e.to_string().contains("wasi:http"),
-        "{e}"
-    );
-    assert!(
-        w.host
-            .tools()
-            .list()
+        r.record
+            .host_calls
             .iter()
-            .all(|t| t.info.name != "adv-sockets")
+            .any(|c| c.interface == "wasi:sockets/tcp-create-socket"
+                && c.result.starts_with("refused")),
+        "{:#?}",
+        r.record.host_calls
     );
     still_healthy(&w.host).await;
 }
 
 #[tokio::test]
 pub(crate) async fn adv_undeclared_http() {
-    let w = world().await;
-    let e = w
-        .host
-        .load_component(
-            "test:adv-undeclared-http",
-            bytes(plugin_artifacts::ADV_UNDECLARED_HTTP),
-        )
-        .await
-        .expect_err("refused");
-    match &e {
-        LoadError::UndeclaredImport {
-            component,
-            import,
-            needs,
-            ..
-        } => {
-            assert_eq!(component, "adv-undeclared-http");
-            assert!(import.starts_with("wasi:http/"), "{import}");
-            assert_eq!(*needs, "`http`");
-        }
-        e => panic!("expected UndeclaredImport, got {e:?}"),
-    }
-    // Even a policy that would grant it `http` does not help: it must declare it.
+    // An import of `wasi:http` the component does not declare is linked
+    // with nothing granted: it loads, and every request is refused and
+    // recorded — even under a policy that would grant `http`, because the
+    // grant follows the declaration.
     let generous = Policy::in_code()
         .allow_http("adv-undeclared-http", "example.com")
         .expect("policy");
@@ -694,12 +687,34 @@ pub(crate) async fn adv_undeclared_http() {
         .build()
         .await
         .expect("host");
-    let e = host
-        .load_component("x", bytes(plugin_artifacts::ADV_UNDECLARED_HTTP))
+    let entry = host
+        .load_component(
+            "test:adv-undeclared-http",
+            bytes(plugin_artifacts::ADV_UNDECLARED_HTTP),
+        )
         .await
-        .expect_err("refused");
-    assert!(matches!(e, LoadError::UndeclaredImport { .. }), "{e:?}");
-    still_healthy(&w.host).await;
+        .expect("loads, http linked and denied");
+    assert!(entry.info.capabilities.is_empty());
+    let r = call(&host, "adv-undeclared-http", json!({})).await;
+    match error(&r) {
+        InvokeError::CapabilityDenied {
+            capability,
+            attempted,
+            why,
+            ..
+        } => {
+            assert_eq!(capability, "http");
+            assert!(attempted.contains("example.com"), "{attempted}");
+            assert!(why.contains("no `http` grant"), "{why}");
+        }
+        e => panic!("expected CapabilityDenied, got {e:?}"),
+    }
+    assert!(r.record.capabilities.is_empty(), "nothing was granted");
+    assert_eq!(r.record.refusals.len(), 1);
+    host.load_component("test:text", bytes(plugin_artifacts::TEXT))
+        .await
+        .expect("text");
+    still_healthy(&host).await;
 }
 
 #[tokio::test]

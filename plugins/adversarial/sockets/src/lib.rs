@@ -1,9 +1,9 @@
 //! Test-only component `adv-sockets`: imports `wasi:sockets`, which no
-//! capability grants.
+//! capability grants, and tries to open a TCP socket.
 //!
-//! The host must refuse to load it, naming the import and pointing at
-//! `wasi:http`. Its `invoke` would open a TCP socket if it ever ran. Never
-//! bundled into poimen.
+//! The host links `wasi:sockets` denied: the component loads, and its
+//! attempt is refused (access denied), recorded, and fails the call with
+//! `CapabilityDenied` pointing at `wasi:http`. Never bundled into poimen.
 
 use poimen_guest::{Call, Tool, ToolError};
 use serde_json::Value;

@@ -1,14 +1,15 @@
 //! Test-only component `adv-undeclared-http`: declares no capability but
-//! imports `wasi:http` and would call it.
+//! imports `wasi:http` and calls it.
 //!
-//! The host reads imports from the component's type, not from its word, and
-//! must refuse to load it, naming the import and the missing `http`
-//! capability. Never bundled into poimen.
+//! The host reads imports from the component's type, not from its word: the
+//! undeclared import is linked with nothing granted, so the request is
+//! refused (and recorded) before any connection, whatever the policy would
+//! grant a component that declared `http`. Never bundled into poimen.
 
 use poimen_guest::{Call, Tool, ToolError};
 use serde_json::Value;
 use wasip2::http::outgoing_handler::handle;
-use wasip2::http::types::{Fields, OutgoingRequest};
+use wasip2::http::types::{Fields, OutgoingRequest, Scheme};
 
 /// The component.
 #[derive(Debug)]
@@ -22,7 +23,9 @@ impl Tool for UndeclaredHttp {
 
     fn invoke(_input: Value, _call: &Call) -> Result<String, ToolError> {
         let request = OutgoingRequest::new(Fields::new());
+        let _ = request.set_scheme(Some(&Scheme::Http));
         let _ = request.set_authority(Some("example.com"));
+        let _ = request.set_path_with_query(Some("/"));
         match handle(request, None) {
             Ok(_) => Ok("request sent".into()),
             Err(e) => Err(ToolError::Failed(format!("{e:?}"))),
