@@ -23,6 +23,9 @@ tools=$root/target/lang-tools
 componentize_py_version=0.25.1
 
 mkdir -p "$out" "$tools"
+# One build at a time (test binaries, CI and a developer may all ask).
+exec 9>"$tools/.build.lock"
+flock 9
 
 componentize_py() {
   PYTHONPATH="$tools/py" python3 -c \

@@ -789,6 +789,34 @@ async fn run_verb(
     }
 }
 
+/// Awaits `work` — compiling and checking a component, which takes tens of
+/// seconds for a language runtime — with a spinner and the elapsed time on
+/// a terminal.
+async fn compiling<T>(
+    g: &Global,
+    file: &Path,
+    bytes: usize,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    if g.json || !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    pb.set_message(format!(
+        "compiling and checking {} ({:.1} MiB)…",
+        file.display(),
+        bytes as f64 / f64::from(1 << 20)
+    ));
+    pb.enable_steady_tick(Duration::from_millis(120));
+    let out = work.await;
+    pb.finish_and_clear();
+    out
+}
+
 fn progress_line(e: &poimen::executor::EpisodeEvent) -> Option<String> {
     use poimen::executor::EpisodeEvent as E;
     Some(match e {
@@ -1095,7 +1123,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
         }
         PluginCmd::Inspect { file } => {
             let bytes = read_component(&file)?;
-            let i = match host.inspect_plugin(bytes).await {
+            let i = match compiling(g, &file, bytes.len(), host.inspect_plugin(bytes)).await {
                 Ok(i) => i,
                 // A component whose imports no host serves is a finding of
                 // the inspection, not a failure to inspect.
@@ -1157,7 +1185,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
         }
         PluginCmd::Add { file, replace } => {
             let bytes = read_component(&file)?;
-            let i = host.inspect_plugin(bytes.clone()).await?;
+            let i = compiling(g, &file, bytes.len(), host.inspect_plugin(bytes.clone())).await?;
             let dir = plugin_store_dir(g)?;
             let (name, version) = (&i.info.name, i.info.version.to_string());
             let installed: Vec<poimen::sandbox::Entry> =

@@ -7,6 +7,7 @@ mod cli;
 mod crash;
 mod embed;
 mod hosts;
+mod languages;
 mod mcp;
 mod shadow;
 mod support;

@@ -8,6 +8,8 @@
 //! - [`foreach_plugin!`]: calls a macro once per component. The sandbox's
 //!   integration tests use it to demand a test function named after every
 //!   component, so a plugin that no test uses fails the build.
+//! - [`lang::lang_plugins`]: the example plugins written in Python and
+//!   JavaScript, built from source on first use.
 //!
 //! Test-only (adversarial) components are never embedded. This crate knows
 //! nothing of what a plugin does or how the host loads it.
@@ -23,6 +25,8 @@ pub struct Bundled {
 }
 
 include!(concat!(env!("OUT_DIR"), "/artifacts.rs"));
+
+pub mod lang;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,13 @@
 //! - `load/compile` and `load/cached`: `PluginHost::load_component` of the same
 //!   component without a cache, and with a warm on-disk cache.
 //!
+//! - `languages/{rust,python,javascript}`: a warm call counting the words of
+//!   the same text with the Rust `text` plugin (`op: count`), the Python
+//!   `word-count-py` and the JavaScript `word-count-js` examples (built by
+//!   `examples/plugins/build.sh`), all on one host. Before it, each
+//!   language component's cold compile time (median of 3 loads without a
+//!   cache) and compiled size (what the cache keeps) are printed.
+//!
 //! Results go to the "Sandbox" section of BENCHMARKS.md (medians from
 //! `target/criterion/*/new/estimates.json`). Knows nothing of how the host
 //! is built inside; it uses the public API and plain wasmtime.
@@ -135,6 +142,88 @@ fn bench(c: &mut Criterion) {
                 .expect("load")
         })
     });
+    g.finish();
+
+    languages(c, &rt);
+}
+
+fn languages(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    let lang = plugin_artifacts::lang::lang_plugins().expect("the example plugins");
+    let py = std::fs::read(&lang.word_count_py).expect("python component");
+    let js = std::fs::read(&lang.word_count_js).expect("javascript component");
+    let text = std::fs::read(plugin_artifacts::TEXT).expect("text component");
+
+    // Cold compile and compiled size, per language.
+    for (name, bytes) in [("python", &py), ("javascript", &js), ("rust text", &text)] {
+        let mut times = Vec::new();
+        let mut compiled = 0;
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().expect("dir");
+            let host = rt
+                .block_on(PluginHost::builder().cache_dir(dir.path()).build())
+                .expect("host");
+            let started = std::time::Instant::now();
+            rt.block_on(host.load_component("bench", bytes.clone()))
+                .expect("load");
+            times.push(started.elapsed());
+            compiled = std::fs::read_dir(dir.path())
+                .expect("ls")
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum::<u64>();
+        }
+        times.sort();
+        eprintln!(
+            "cold load of {name}: {} bytes, median {:.2} s of 3 (compile + describe + cache write), compiled to {compiled} bytes",
+            bytes.len(),
+            times[1].as_secs_f64()
+        );
+    }
+
+    let host = rt
+        .block_on(
+            PluginHost::builder()
+                .component_bytes("bench:text", text)
+                .component_bytes("bench:word-count-py", py)
+                .component_bytes("bench:word-count-js", js)
+                .build(),
+        )
+        .expect("host");
+    let sentence = "the quick brown fox jumps over the lazy dog ".repeat(4);
+    let calls = [
+        (
+            "rust",
+            "text@^0.1",
+            json!({"op": "count", "pattern": "\\S+", "text": sentence}),
+            json!({"count": 36}),
+        ),
+        (
+            "python",
+            "word-count-py@^0.1",
+            json!({"text": sentence}),
+            json!({"words": 36}),
+        ),
+        (
+            "javascript",
+            "word-count-js@^0.1",
+            json!({"text": sentence}),
+            json!({"words": 36}),
+        ),
+    ];
+    let mut g = c.benchmark_group("languages");
+    g.measurement_time(Duration::from_secs(10));
+    for (name, tool, args, expected) in calls {
+        let tool: poimen_sandbox::ToolRef = tool.parse().expect("ref");
+        let call = || async {
+            host.invoke_tool(ToolRequest::new(tool.clone(), args.clone(), "key"))
+                .await
+                .outcome
+                .expect("tool ok")
+        };
+        assert_eq!(rt.block_on(call()), expected, "{name}");
+        g.bench_function(name, |b| b.to_async(rt).iter(call));
+    }
     g.finish();
 }
 

@@ -150,11 +150,16 @@ pub(crate) fn engine_hash(engine: &Engine) -> String {
 pub enum CacheOutcome {
     /// There is no cache directory.
     Disabled,
-    /// Compiled now and written to the cache.
+    /// Compiled now; written to the cache once the component was accepted.
     Compiled,
     /// Read from the cache.
     Hit,
 }
+
+/// How many bytes of compiled components the cache keeps by default; past
+/// it, the least recently used files are deleted. (A Python component
+/// compiles to about 40 MB, a Rust tool to under 1 MB.)
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
 
 /// The on-disk cache of compiled components.
 ///
@@ -162,22 +167,29 @@ pub enum CacheOutcome {
 /// line, the Blake3 of the payload, and the payload (wasmtime's serialized
 /// component). Files are written to a temporary name and renamed, so a
 /// reader never sees half a file; the payload hash catches corruption.
+///
+/// A compiled component is written only by [`keep`](Self::keep), once the
+/// host accepted it: a refused component leaves nothing behind. The files
+/// together stay under `max_bytes`; a hit refreshes a file's modification
+/// time, and the oldest go first.
 #[derive(Debug, Clone)]
 pub(crate) struct CompileCache {
     dir: Option<PathBuf>,
     engine_hash: String,
+    max_bytes: u64,
 }
 
 const MAGIC: &[u8; 16] = b"poimen-cwasm-v1\n";
 
 impl CompileCache {
-    pub fn new(dir: Option<PathBuf>, engine: &Engine) -> Result<Self, String> {
+    pub fn new(dir: Option<PathBuf>, engine: &Engine, max_bytes: u64) -> Result<Self, String> {
         if let Some(d) = &dir {
             std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
         }
         Ok(CompileCache {
             dir,
             engine_hash: engine_hash(engine),
+            max_bytes,
         })
     }
 
@@ -185,7 +197,8 @@ impl CompileCache {
         dir.join(format!("{digest_hex}-{}.cwasm", self.engine_hash))
     }
 
-    /// The compiled component for `bytes` (whose Blake3 is `digest_hex`).
+    /// The compiled component for `bytes` (whose Blake3 is `digest_hex`),
+    /// from the cache or compiled now (and not yet written).
     pub fn load(
         &self,
         engine: &Engine,
@@ -198,14 +211,56 @@ impl CompileCache {
         };
         let path = self.path(dir, digest_hex);
         if let Some(c) = Self::read(engine, &path) {
+            // Recently used: the last to be evicted.
+            if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+                let _ = f.set_modified(std::time::SystemTime::now());
+            }
             return Ok((c, CacheOutcome::Hit));
         }
         let c = Component::new(engine, bytes).map_err(|e| format!("{e:#}"))?;
-        // A cache that cannot be written is a slower start, not a failure.
-        if let Ok(payload) = c.serialize() {
-            let _ = Self::write(&path, &payload);
-        }
         Ok((c, CacheOutcome::Compiled))
+    }
+
+    /// Writes an accepted component compiled by [`load`](Self::load), then
+    /// evicts the least recently used files past the size limit. A cache
+    /// that cannot be written is a slower next start, not a failure.
+    pub fn keep(&self, component: &Component, digest_hex: &str, outcome: CacheOutcome) {
+        let Some(dir) = &self.dir else { return };
+        if outcome != CacheOutcome::Compiled {
+            return;
+        }
+        let path = self.path(dir, digest_hex);
+        if let Ok(payload) = component.serialize()
+            && (payload.len() as u64).saturating_add(HEADER_BYTES) <= self.max_bytes
+            && Self::write(&path, &payload).is_ok()
+        {
+            self.evict(dir, &path);
+        }
+    }
+
+    /// Deletes the oldest `.cwasm` files (never `keep`) until the rest fit.
+    fn evict(&self, dir: &Path, keep: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        files.sort();
+        for (_, len, path) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path != keep && std::fs::remove_file(&path).is_ok() {
+                total = total.saturating_sub(len);
+            }
+        }
     }
 
     fn read(engine: &Engine, path: &Path) -> Option<Component> {
@@ -236,6 +291,9 @@ impl CompileCache {
     }
 }
 
+/// The magic line and payload hash before a cached payload.
+const HEADER_BYTES: u64 = 16 + 32;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,16 +316,21 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let bytes = wat_bytes();
         let digest = blake3::hash(&bytes).to_hex().to_string();
-        let cache = CompileCache::new(Some(dir.path().to_owned()), &engine).expect("cache");
-        let off = CompileCache::new(None, &engine).expect("no cache");
+        let cache =
+            CompileCache::new(Some(dir.path().to_owned()), &engine, 1 << 20).expect("cache");
+        let off = CompileCache::new(None, &engine, 1 << 20).expect("no cache");
         assert_eq!(
             off.load(&engine, &bytes, &digest).expect("load").1,
             CacheOutcome::Disabled
         );
+        let (c, outcome) = cache.load(&engine, &bytes, &digest).expect("load");
+        assert_eq!(outcome, CacheOutcome::Compiled);
+        // Not kept yet: compiled again.
         assert_eq!(
             cache.load(&engine, &bytes, &digest).expect("load").1,
             CacheOutcome::Compiled
         );
+        cache.keep(&c, &digest, outcome);
         assert_eq!(
             cache.load(&engine, &bytes, &digest).expect("load").1,
             CacheOutcome::Hit
@@ -306,6 +369,65 @@ mod tests {
         })
         .expect("engine");
         assert_eq!(kind, AllocatorKind::OnDemand);
+    }
+
+    #[test]
+    fn the_cache_evicts_the_least_recently_used_past_its_size() {
+        let engine = engine();
+        let dir = tempfile::tempdir().expect("dir");
+        let compiled: Vec<(Vec<u8>, String)> = (0..3)
+            .map(|i| {
+                let wat = format!(r#"(component (core module (func (export "f{i}"))))"#);
+                let bytes = wat.into_bytes();
+                let digest = blake3::hash(&bytes).to_hex().to_string();
+                (bytes, digest)
+            })
+            .collect();
+        let one = {
+            let probe = CompileCache::new(Some(dir.path().join("probe")), &engine, u64::MAX)
+                .expect("cache");
+            let (c, o) = probe
+                .load(&engine, &compiled[0].0, &compiled[0].1)
+                .expect("load");
+            probe.keep(&c, &compiled[0].1, o);
+            std::fs::metadata(probe.path(&dir.path().join("probe"), &compiled[0].1))
+                .expect("kept")
+                .len()
+        };
+        // Room for two files, not three.
+        let cache = CompileCache::new(Some(dir.path().to_owned()), &engine, one * 2 + one / 2)
+            .expect("cache");
+        let kept = |i: usize| cache.path(dir.path(), &compiled[i].1).exists();
+        for (i, (bytes, digest)) in compiled.iter().enumerate() {
+            let (c, o) = cache.load(&engine, bytes, digest).expect("load");
+            cache.keep(&c, digest, o);
+            assert!(kept(i));
+            if i == 1 {
+                // Use the first again: the second is now the oldest.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                assert_eq!(
+                    cache
+                        .load(&engine, &compiled[0].0, &compiled[0].1)
+                        .expect("hit")
+                        .1,
+                    CacheOutcome::Hit
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        assert!(kept(0) && !kept(1) && kept(2));
+        // A component larger than the whole cache is never written.
+        let tiny = CompileCache::new(Some(dir.path().join("tiny")), &engine, 10).expect("cache");
+        let (c, o) = tiny
+            .load(&engine, &compiled[0].0, &compiled[0].1)
+            .expect("load");
+        tiny.keep(&c, &compiled[0].1, o);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("tiny"))
+                .expect("ls")
+                .count(),
+            0
+        );
     }
 
     fn wat_bytes() -> Vec<u8> {

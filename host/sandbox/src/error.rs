@@ -72,11 +72,20 @@ pub enum InvokeError {
     /// The WebAssembly call stack overflowed.
     #[error("stack overflow")]
     StackOverflow,
-    /// The guest panicked; `message` is the panic message from its stderr.
-    #[error("guest panicked: {message}")]
-    GuestPanicked { message: String, stderr: String },
-    /// Any other trap (including `exit`), with the guest's stderr.
-    #[error("guest trapped: {trap}")]
+    /// The guest's own code failed in its language's way — a Rust panic, an
+    /// uncaught Python exception, an uncaught JavaScript error — and trapped;
+    /// `message` is what the language printed (the panic message; the
+    /// exception and where it was raised), `stderr` the guest's captured
+    /// output.
+    #[error("{}", guest_failed(*.language, .message))]
+    GuestPanicked {
+        language: GuestLanguage,
+        message: String,
+        stderr: String,
+    },
+    /// Any other trap (including `exit`), with the guest's captured output;
+    /// its last lines are part of the message.
+    #[error("guest trapped: {trap}{}", output_tail(.stderr))]
     Trap { trap: String, stderr: String },
     /// The guest returned something that breaks the contract (a result that
     /// is not JSON, a score outside 0..=1).
@@ -102,6 +111,42 @@ pub enum InvokeError {
     /// how to grant it.
     #[error("`{tool}` is installed but withheld: {reason}")]
     Withheld { tool: String, reason: String },
+}
+
+/// The language whose failure a guest's output shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestLanguage {
+    Rust,
+    Python,
+    JavaScript,
+}
+
+fn guest_failed(language: GuestLanguage, message: &str) -> String {
+    match language {
+        GuestLanguage::Rust => format!("guest panicked: {message}"),
+        GuestLanguage::Python => format!("guest raised an uncaught Python exception: {message}"),
+        GuestLanguage::JavaScript => {
+            format!("guest threw an uncaught JavaScript error: {message}")
+        }
+    }
+}
+
+/// How many of the guest's last output lines a trap's message shows.
+const TAIL_LINES: usize = 6;
+
+/// `; the guest's output ends: …` with its last non-empty lines, or nothing.
+fn output_tail(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(TAIL_LINES)..];
+    format!("; the guest's output ends:\n  {}", tail.join("\n  "))
 }
 
 fn unresolved(u: &Unresolved) -> String {

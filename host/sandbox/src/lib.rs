@@ -43,7 +43,7 @@ mod state;
 pub use engine::CacheOutcome;
 #[doc(hidden)]
 pub use engine::default_engine;
-pub use error::{BuildError, InvokeError, LoadError, ToolError};
+pub use error::{BuildError, GuestLanguage, InvokeError, LoadError, ToolError};
 pub use host::{
     AllocatorKind, GuestVerdict, Inspection, Invocation, PluginHost, PluginHostBuilder,
     ToolRequest, VerifierInvocation, VerifierRequest, inspect,

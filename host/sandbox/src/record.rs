@@ -106,13 +106,19 @@ pub enum Outcome {
     },
 }
 
-/// Captured guest stderr, bounded.
+/// What the guest wrote to stdout and stderr, interleaved as written and
+/// bounded to [`STDERR_CAPTURE_BYTES`](crate::limits::STDERR_CAPTURE_BYTES):
+/// its beginning and its end (where a traceback or panic message is).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Captured {
-    /// The first [`STDERR_CAPTURE_BYTES`](crate::limits::STDERR_CAPTURE_BYTES), as UTF-8 (lossy).
+    /// The kept text as UTF-8 (lossy); when bytes were dropped, a line
+    /// `[… N bytes not kept …]` marks where.
     pub text: String,
     /// Whether more was written than kept.
     pub truncated: bool,
+    /// How many bytes were dropped from the middle.
+    #[serde(default)]
+    pub omitted_bytes: u64,
 }
 
 impl HostcallRecord {

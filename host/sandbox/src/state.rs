@@ -133,43 +133,107 @@ pub(crate) fn seed(key: &str, args_hash: &str) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-/// A bounded capture of stdout or stderr: keeps the first `cap` bytes,
-/// counts them all, never fails the guest's write.
+/// The guest's stdout and stderr, captured together in the order written
+/// (a Python `print()` and a traceback read as they happened), bounded: the
+/// first `head` bytes and the last `tail` bytes are kept, everything is
+/// counted per stream, and a guest's write never fails.
+///
+/// Each `Capture` is one stream's handle on the shared buffer.
 #[derive(Clone)]
-pub(crate) struct Capture(Arc<Mutex<CaptureInner>>);
+pub(crate) struct Capture {
+    inner: Arc<Mutex<CaptureInner>>,
+    stream: Stream,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
 
 struct CaptureInner {
-    kept: Vec<u8>,
-    total: u64,
-    cap: usize,
+    head: Vec<u8>,
+    /// The last `tail_cap` bytes written after `head` filled up.
+    tail: std::collections::VecDeque<u8>,
+    head_cap: usize,
+    tail_cap: usize,
+    /// Bytes dropped between `head` and `tail`.
+    omitted: u64,
+    stdout_total: u64,
+    stderr_total: u64,
 }
 
 impl Capture {
-    pub fn new(cap: usize) -> Self {
-        Capture(Arc::new(Mutex::new(CaptureInner {
-            kept: Vec::new(),
-            total: 0,
-            cap,
-        })))
+    /// A stdout and a stderr sharing one buffer of about `cap` bytes: a
+    /// quarter for the beginning, the rest for the end (where a traceback
+    /// or a panic message is).
+    pub fn pair(cap: usize) -> (Capture, Capture) {
+        let head_cap = cap / 4;
+        let inner = Arc::new(Mutex::new(CaptureInner {
+            head: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            head_cap,
+            tail_cap: cap - head_cap,
+            omitted: 0,
+            stdout_total: 0,
+            stderr_total: 0,
+        }));
+        (
+            Capture {
+                inner: inner.clone(),
+                stream: Stream::Stdout,
+            },
+            Capture {
+                inner,
+                stream: Stream::Stderr,
+            },
+        )
     }
 
-    fn push(&self, bytes: &[u8]) {
-        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        c.total += bytes.len() as u64;
-        let room = c.cap.saturating_sub(c.kept.len());
+    fn push(&self, mut bytes: &[u8]) {
+        let mut c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.stream {
+            Stream::Stdout => c.stdout_total += bytes.len() as u64,
+            Stream::Stderr => c.stderr_total += bytes.len() as u64,
+        }
+        let room = c.head_cap.saturating_sub(c.head.len());
         let take = room.min(bytes.len());
-        c.kept.extend_from_slice(&bytes[..take]);
+        c.head.extend_from_slice(&bytes[..take]);
+        bytes = &bytes[take..];
+        if bytes.len() > c.tail_cap {
+            let skip = bytes.len() - c.tail_cap;
+            c.omitted += (skip + c.tail.len()) as u64;
+            c.tail.clear();
+            bytes = &bytes[skip..];
+        }
+        let over = (c.tail.len() + bytes.len()).saturating_sub(c.tail_cap);
+        c.tail.drain(..over);
+        c.omitted += over as u64;
+        c.tail.extend(bytes);
     }
 
+    /// Bytes this stream was sent.
     pub fn total(&self) -> u64 {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).total
+        let c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.stream {
+            Stream::Stdout => c.stdout_total,
+            Stream::Stderr => c.stderr_total,
+        }
     }
 
+    /// What was kept of both streams.
     pub fn captured(&self) -> Captured {
-        let c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut text = String::from_utf8_lossy(&c.head).into_owned();
+        if c.omitted > 0 {
+            text.push_str(&format!("\n[… {} bytes not kept …]\n", c.omitted));
+        }
+        let (a, b) = c.tail.as_slices();
+        text.push_str(&String::from_utf8_lossy(&[a, b].concat()));
         Captured {
-            text: String::from_utf8_lossy(&c.kept).into_owned(),
-            truncated: c.total > c.kept.len() as u64,
+            text,
+            truncated: c.omitted > 0,
+            omitted_bytes: c.omitted,
         }
     }
 }
@@ -255,8 +319,7 @@ impl CallState {
         stderr_cap: usize,
     ) -> Result<Self, String> {
         let counters = Arc::new(Counters::default());
-        let stdout = Capture::new(0);
-        let stderr = Capture::new(stderr_cap);
+        let (stdout, stderr) = Capture::pair(stderr_cap);
         let journal = Journal::default();
         let mut b = WasiCtxBuilder::new();
         b.stdout(stdout.clone())
@@ -530,17 +593,31 @@ mod tests {
     }
 
     #[test]
-    fn capture_keeps_a_prefix_and_counts_everything() {
-        let cap = Capture::new(4);
-        cap.push(b"abc");
-        cap.push(b"defg");
-        assert_eq!(cap.total(), 7);
+    fn capture_keeps_both_streams_in_order_with_their_beginning_and_end() {
+        let (out, err) = Capture::pair(8);
+        out.push(b"ab");
+        err.push(b"cd");
         assert_eq!(
-            cap.captured(),
+            out.captured(),
             Captured {
                 text: "abcd".into(),
-                truncated: true
+                truncated: false,
+                omitted_bytes: 0,
             }
         );
+        err.push(b"efghijkl");
+        out.push(b"mn");
+        assert_eq!((out.total(), err.total()), (4, 10));
+        let kept = err.captured();
+        assert_eq!(kept.omitted_bytes, 6);
+        assert!(kept.truncated);
+        assert_eq!(kept.text, "ab\n[… 6 bytes not kept …]\nijklmn");
+        // One write larger than the whole tail keeps its own end.
+        let (_, err) = Capture::pair(8);
+        err.push(&[b'x'; 100]);
+        err.push(b"END");
+        let kept = err.captured();
+        assert!(kept.text.ends_with("xxxEND"), "{}", kept.text);
+        assert_eq!(kept.omitted_bytes, 100 + 3 - 2 - 6);
     }
 }

@@ -10,6 +10,8 @@
 
 #[path = "it_sandbox/boundary.rs"]
 mod boundary;
+#[path = "it_sandbox/languages.rs"]
+mod languages;
 #[path = "it_sandbox/plugins.rs"]
 mod plugins;
 #[path = "it_sandbox/support.rs"]

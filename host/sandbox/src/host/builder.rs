@@ -26,6 +26,7 @@ impl PluginHost {
 #[must_use]
 pub struct PluginHostBuilder {
     cache_dir: Option<PathBuf>,
+    cache_max_bytes: Option<u64>,
     policy: Option<Policy>,
     policy_file: Option<PathBuf>,
     plugin_dirs: Vec<PathBuf>,
@@ -58,6 +59,14 @@ impl PluginHostBuilder {
     /// files in it are loaded as native code.
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// How many bytes of compiled components the cache keeps (default
+    /// [`DEFAULT_CACHE_MAX_BYTES`](crate::engine::DEFAULT_CACHE_MAX_BYTES));
+    /// the least recently used go first.
+    pub fn cache_max_bytes(mut self, bytes: u64) -> Self {
+        self.cache_max_bytes = Some(bytes);
         self
     }
 
@@ -143,15 +152,19 @@ impl PluginHostBuilder {
             pool_instances,
         })
         .map_err(BuildError::Engine)?;
-        let cache = CompileCache::new(self.cache_dir.clone(), &engine).map_err(|message| {
-            BuildError::Cache {
-                path: self
-                    .cache_dir
-                    .as_deref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-                message,
-            }
+        let cache = CompileCache::new(
+            self.cache_dir.clone(),
+            &engine,
+            self.cache_max_bytes
+                .unwrap_or(crate::engine::DEFAULT_CACHE_MAX_BYTES),
+        )
+        .map_err(|message| BuildError::Cache {
+            path: self
+                .cache_dir
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            message,
         })?;
         let mut linker = Linker::new(&engine);
         state::link(&mut linker).map_err(|e| BuildError::Engine(format!("{e:#}")))?;
@@ -177,6 +190,7 @@ impl PluginHostBuilder {
                 registry: RwLock::new(Registry::new(sources)),
                 slots: tokio::sync::Semaphore::new(max_concurrent),
                 in_flight: AtomicUsize::new(0),
+                released: tokio::sync::Notify::new(),
             }),
         };
         let mut refused = Vec::new();
@@ -233,6 +247,7 @@ impl std::fmt::Debug for PluginHostBuilder {
             .collect();
         f.debug_struct("PluginHostBuilder")
             .field("cache_dir", &self.cache_dir)
+            .field("cache_max_bytes", &self.cache_max_bytes)
             .field("policy", &self.policy)
             .field("policy_file", &self.policy_file)
             .field("plugin_dirs", &self.plugin_dirs)

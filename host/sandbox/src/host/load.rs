@@ -98,6 +98,8 @@ struct Checked {
     pre: Pre,
     imports: Vec<Import>,
     cache: engine::CacheOutcome,
+    /// What the compile cache keeps once the component is accepted.
+    compiled: (Component, String),
     describe_record: HostcallRecord,
     output_schema: OutputSchema,
 }
@@ -109,8 +111,8 @@ impl PluginHost {
         let digest = format!("b3:{digest_hex}");
         let engine = self.inner.engine.clone();
         let cache = self.inner.cache.clone();
-        let compiled =
-            tokio::task::spawn_blocking(move || cache.load(&engine, &bytes, &digest_hex)).await;
+        let hex = digest_hex.clone();
+        let compiled = tokio::task::spawn_blocking(move || cache.load(&engine, &bytes, &hex)).await;
         let (component, cache) = match compiled {
             Ok(r) => r.map_err(|message| LoadError::Compile {
                 origin: origin.to_owned(),
@@ -196,9 +198,18 @@ impl PluginHost {
             pre,
             imports,
             cache,
+            compiled: (component, digest_hex),
             describe_record: record,
             output_schema,
         })
+    }
+
+    /// Writes an accepted component's compiled form to the cache (off the
+    /// async threads: a language runtime's is tens of megabytes).
+    async fn keep_compiled(&self, compiled: (Component, String), outcome: engine::CacheOutcome) {
+        let cache = self.inner.cache.clone();
+        let _ = tokio::task::spawn_blocking(move || cache.keep(&compiled.0, &compiled.1, outcome))
+            .await;
     }
 
     fn prelink(&self, origin: &str, component: &Component) -> Result<(PluginKind, Pre), LoadError> {
@@ -326,17 +337,30 @@ impl PluginHost {
             describe_record: c.describe_record,
             output_schema: c.output_schema,
         };
-        let mut registry = self
+        let entry = self
             .inner
             .registry
             .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        registry.insert(loaded).map(|l| l.entry())
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(loaded)
+            .map(|l| l.entry())?;
+        self.keep_compiled(c.compiled, entry.cache).await;
+        Ok(entry)
     }
 
     /// Describes a component and lists its imports without registering it.
     pub async fn inspect(&self, bytes: impl Into<Vec<u8>>) -> Result<Inspection, LoadError> {
         let c = self.check("inspected component", bytes.into()).await?;
+        // One this host would load is compiled once: its next load hits the
+        // cache. One it would refuse leaves nothing behind.
+        if self
+            .inner
+            .policy
+            .grant(&c.info.name, &c.info.capabilities)
+            .is_ok()
+        {
+            self.keep_compiled(c.compiled, c.cache).await;
+        }
         Ok(Inspection {
             kind: c.kind,
             eligibility: shadow_eligibility(&c.info.capabilities, c.info.effect),

@@ -56,6 +56,8 @@ struct Inner {
     registry: RwLock<Registry>,
     slots: tokio::sync::Semaphore,
     in_flight: AtomicUsize,
+    /// Notified whenever a guest call ends (its instances back in the pool).
+    released: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for PluginHost {

@@ -409,6 +409,45 @@ async fn the_compile_cache_is_used_the_second_time() {
 }
 
 #[tokio::test]
+async fn the_compile_cache_keeps_nothing_it_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cached = || std::fs::read_dir(dir.path()).expect("ls").count();
+    // Nothing grants `fs-read` its directory: refused at load, by inspect's
+    // verdict too, and nothing compiled is left behind.
+    let host = PluginHost::builder()
+        .cache_dir(dir.path())
+        .build()
+        .await
+        .expect("host");
+    let refused = host
+        .load_component("t:fs-read", bytes(plugin_artifacts::FS_READ))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(poimen_sandbox::LoadError::CapabilityDenied { .. })
+        ),
+        "{refused:?}"
+    );
+    host.inspect(bytes(plugin_artifacts::FS_READ))
+        .await
+        .expect("inspect");
+    assert_eq!(cached(), 0);
+    // What is accepted is kept: inspecting one this host would load, then
+    // loading it, compiles it once.
+    host.inspect(bytes(plugin_artifacts::JSON))
+        .await
+        .expect("inspect");
+    assert_eq!(cached(), 1);
+    let entry = host
+        .load_component("t:json", bytes(plugin_artifacts::JSON))
+        .await
+        .expect("load");
+    assert_eq!(entry.cache, poimen_sandbox::CacheOutcome::Hit);
+    assert_eq!(cached(), 1);
+}
+
+#[tokio::test]
 async fn inspect_reports_descriptor_imports_and_problems() {
     let w = world().await;
     let i = w

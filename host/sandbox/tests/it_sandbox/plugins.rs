@@ -434,7 +434,12 @@ pub(crate) async fn adv_panic() {
     let w = world().await;
     let r = call(&w.host, "adv-panic", json!({"why": "testing"})).await;
     match error(&r) {
-        InvokeError::GuestPanicked { message, stderr } => {
+        InvokeError::GuestPanicked {
+            language,
+            message,
+            stderr,
+        } => {
+            assert_eq!(*language, poimen_sandbox::GuestLanguage::Rust);
             assert_eq!(message, r#"adversarial panic on {"why":"testing"}"#);
             assert!(stderr.contains("panicked at"), "{stderr}");
         }
