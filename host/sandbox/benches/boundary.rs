@@ -169,6 +169,7 @@ fn languages(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
             compiled = std::fs::read_dir(dir.path())
                 .expect("ls")
                 .filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
                 .filter_map(|e| e.metadata().ok())
                 .map(|m| m.len())
                 .sum::<u64>();

@@ -164,32 +164,94 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
 /// The on-disk cache of compiled components.
 ///
 /// File layout: `<dir>/<digest hex>-<engine hash>.cwasm`, holding a magic
-/// line, the Blake3 of the payload, and the payload (wasmtime's serialized
-/// component). Files are written to a temporary name and renamed, so a
-/// reader never sees half a file; the payload hash catches corruption.
+/// line, a MAC, and the payload (wasmtime's serialized component). Files
+/// are written to a temporary name and renamed, so a reader never sees half
+/// a file.
+///
+/// The MAC is Blake3 keyed with this installation's secret
+/// (`<dir>/.key`, 32 random bytes created on first use, readable by its
+/// owner only) over the file's name and payload: a file planted in the
+/// directory, copied from another installation or renamed to another
+/// component's digest fails it and is never deserialized — the component is
+/// compiled again and the file replaced. Corruption fails it too.
 ///
 /// A compiled component is written only by [`keep`](Self::keep), once the
 /// host accepted it: a refused component leaves nothing behind. The files
 /// together stay under `max_bytes`; a hit refreshes a file's modification
 /// time, and the oldest go first.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct CompileCache {
     dir: Option<PathBuf>,
     engine_hash: String,
     max_bytes: u64,
+    key: [u8; 32],
 }
 
-const MAGIC: &[u8; 16] = b"poimen-cwasm-v1\n";
+impl std::fmt::Debug for CompileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileCache")
+            .field("dir", &self.dir)
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+const MAGIC: &[u8; 16] = b"poimen-cwasm-v2\n";
+
+/// The installation's cache key: read from `<dir>/.key`, or created there
+/// (mode 0600) from the operating system's random source.
+fn cache_key(dir: &Path) -> Result<[u8; 32], String> {
+    let path = dir.join(".key");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            return bytes.as_slice().try_into().map_err(|_| {
+                format!(
+                    "{} is not a 32-byte cache key; delete it (the cache is rebuilt)",
+                    path.display()
+                )
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    }
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| format!("no random source for the cache key: {e}"))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .map_err(|e| format!("cannot write a cache key in {}: {e}", dir.display()))?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| tmp.write_all(&key))
+            .and_then(|()| tmp.as_file().sync_all())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    // Two processes starting at once: the first key wins, both use it.
+    match tmp.persist_noclobber(&path) {
+        Ok(_) => Ok(key),
+        Err(_) => std::fs::read(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            .as_slice()
+            .try_into()
+            .map_err(|_| format!("{} is not a 32-byte cache key", path.display())),
+    }
+}
 
 impl CompileCache {
     pub fn new(dir: Option<PathBuf>, engine: &Engine, max_bytes: u64) -> Result<Self, String> {
-        if let Some(d) = &dir {
-            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
-        }
+        let key = match &dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+                cache_key(d)?
+            }
+            None => [0; 32],
+        };
         Ok(CompileCache {
             dir,
             engine_hash: engine_hash(engine),
             max_bytes,
+            key,
         })
     }
 
@@ -210,7 +272,7 @@ impl CompileCache {
             return Ok((c, CacheOutcome::Disabled));
         };
         let path = self.path(dir, digest_hex);
-        if let Some(c) = Self::read(engine, &path) {
+        if let Some(c) = self.read(engine, &path) {
             // Recently used: the last to be evicted.
             if let Ok(f) = std::fs::File::options().append(true).open(&path) {
                 let _ = f.set_modified(std::time::SystemTime::now());
@@ -232,7 +294,7 @@ impl CompileCache {
         let path = self.path(dir, digest_hex);
         if let Ok(payload) = component.serialize()
             && (payload.len() as u64).saturating_add(HEADER_BYTES) <= self.max_bytes
-            && Self::write(&path, &payload).is_ok()
+            && self.write(&path, &payload).is_ok()
         {
             self.evict(dir, &path);
         }
@@ -263,28 +325,42 @@ impl CompileCache {
         }
     }
 
-    fn read(engine: &Engine, path: &Path) -> Option<Component> {
+    /// The MAC of a cache file: its name and payload under the key.
+    fn mac(&self, path: &Path, payload: &[u8]) -> blake3::Hash {
+        let name = path
+            .file_name()
+            .map(|n| n.as_encoded_bytes())
+            .unwrap_or_default();
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name);
+        h.update(payload);
+        h.finalize()
+    }
+
+    fn read(&self, engine: &Engine, path: &Path) -> Option<Component> {
         let file = std::fs::read(path).ok()?;
         let rest = file.strip_prefix(MAGIC.as_slice())?;
-        let (hash, payload) = rest.split_at_checked(32)?;
-        if blake3::hash(payload).as_bytes() != hash {
+        let (mac, payload) = rest.split_at_checked(32)?;
+        // `blake3::Hash` compares in constant time.
+        if self.mac(path, payload) != blake3::Hash::from_bytes(mac.try_into().ok()?) {
             return None;
         }
         // SAFETY: `Component::deserialize` trusts its input to be wasmtime's
-        // own output for this engine. This file is: the host wrote it (see
-        // `write`) under a name keyed by the component's digest and this
-        // engine's compatibility hash, and its payload hash matches. The
-        // cache directory must be private to poimen (see the crate docs);
-        // wasmtime additionally checks the engine settings in the header.
+        // own output for this engine. This file is: its MAC, under a key
+        // only this installation holds, proves this host wrote it (see
+        // `write`) under this name, which is keyed by the component's digest
+        // and this engine's compatibility hash; wasmtime additionally checks
+        // the engine settings in the header.
         unsafe { Component::deserialize(engine, payload).ok() }
     }
 
-    fn write(path: &Path, payload: &[u8]) -> std::io::Result<()> {
+    fn write(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
         use std::io::Write;
         tmp.write_all(MAGIC)?;
-        tmp.write_all(blake3::hash(payload).as_bytes())?;
+        tmp.write_all(self.mac(path, payload).as_bytes())?;
         tmp.write_all(payload)?;
         tmp.persist(path).map_err(|e| e.error)?;
         Ok(())
@@ -343,6 +419,55 @@ mod tests {
         assert_eq!(
             cache.load(&engine, &bytes, &digest).expect("load").1,
             CacheOutcome::Compiled
+        );
+    }
+
+    #[test]
+    fn a_planted_or_renamed_cache_file_is_never_deserialized() {
+        let engine = engine();
+        let dir = tempfile::tempdir().expect("dir");
+        let wats = [WAT, r#"(component (core module (func (export "g"))))"#];
+        let digests: Vec<String> = wats
+            .iter()
+            .map(|w| blake3::hash(w.as_bytes()).to_hex().to_string())
+            .collect();
+        let cache =
+            CompileCache::new(Some(dir.path().to_owned()), &engine, 1 << 20).expect("cache");
+        for (w, d) in wats.iter().zip(&digests) {
+            let (c, o) = cache.load(&engine, w.as_bytes(), d).expect("load");
+            cache.keep(&c, d, o);
+        }
+        let key = std::fs::metadata(dir.path().join(".key")).expect("key");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
+        // Another installation's file (another key), though well formed.
+        let other = tempfile::tempdir().expect("dir");
+        let theirs =
+            CompileCache::new(Some(other.path().to_owned()), &engine, 1 << 20).expect("cache");
+        let (c, o) = theirs
+            .load(&engine, wats[0].as_bytes(), &digests[0])
+            .expect("load");
+        theirs.keep(&c, &digests[0], o);
+        // Put `from` in the first component's place: it must not load.
+        let planted_is_compiled_again = |from: PathBuf| {
+            std::fs::copy(from, cache.path(dir.path(), &digests[0])).expect("plant");
+            let (_, outcome) = cache
+                .load(&engine, wats[0].as_bytes(), &digests[0])
+                .expect("load");
+            assert_eq!(outcome, CacheOutcome::Compiled);
+        };
+        planted_is_compiled_again(theirs.path(other.path(), &digests[0]));
+        // Our own file of the second component, renamed to the first's digest.
+        planted_is_compiled_again(cache.path(dir.path(), &digests[1]));
+        // The same key next time: its own files still hit.
+        let again =
+            CompileCache::new(Some(dir.path().to_owned()), &engine, 1 << 20).expect("cache");
+        assert_eq!(
+            again
+                .load(&engine, wats[1].as_bytes(), &digests[1])
+                .expect("load")
+                .1,
+            CacheOutcome::Hit
         );
     }
 
@@ -422,12 +547,12 @@ mod tests {
             .load(&engine, &compiled[0].0, &compiled[0].1)
             .expect("load");
         tiny.keep(&c, &compiled[0].1, o);
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("tiny"))
-                .expect("ls")
-                .count(),
-            0
-        );
+        let cwasm = std::fs::read_dir(dir.path().join("tiny"))
+            .expect("ls")
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .count();
+        assert_eq!(cwasm, 0);
     }
 
     fn wat_bytes() -> Vec<u8> {

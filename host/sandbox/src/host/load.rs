@@ -207,6 +207,9 @@ impl PluginHost {
     /// Writes an accepted component's compiled form to the cache (off the
     /// async threads: a language runtime's is tens of megabytes).
     async fn keep_compiled(&self, compiled: (Component, String), outcome: engine::CacheOutcome) {
+        if outcome != engine::CacheOutcome::Compiled {
+            return;
+        }
         let cache = self.inner.cache.clone();
         let _ = tokio::task::spawn_blocking(move || cache.keep(&compiled.0, &compiled.1, outcome))
             .await;

@@ -405,13 +405,13 @@ async fn the_compile_cache_is_used_the_second_time() {
     let second = build().await.expect("host").tools().list();
     assert_eq!(first[0].cache, poimen_sandbox::CacheOutcome::Compiled);
     assert_eq!(second[0].cache, poimen_sandbox::CacheOutcome::Hit);
-    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
+    assert_eq!(support::compiled_files(dir.path()), 1);
 }
 
 #[tokio::test]
 async fn the_compile_cache_keeps_nothing_it_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let cached = || std::fs::read_dir(dir.path()).expect("ls").count();
+    let cached = || support::compiled_files(dir.path());
     // Nothing grants `fs-read` its directory: refused at load, by inspect's
     // verdict too, and nothing compiled is left behind.
     let host = PluginHost::builder()

@@ -73,6 +73,15 @@ pub fn builder() -> poimen_sandbox::PluginHostBuilder {
     PluginHost::builder().cache_dir(cache_dir())
 }
 
+/// The compiled components (`*.cwasm`) in a compile cache directory.
+pub fn compiled_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("ls")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .count()
+}
+
 pub fn bytes(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
