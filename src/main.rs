@@ -4,6 +4,7 @@
 
 mod cli;
 mod mcp;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -21,11 +22,23 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::exit::ERROR);
         }
     };
-    match runtime.block_on(cli::commands::run(args)) {
+    // `serve` logs at `info`; other verbs only when POIMEN_LOG asks.
+    let log_default = matches!(args.command, cli::args::Command::Serve { .. }).then_some("info");
+    let telemetry = match telemetry::init(log_default, args.global.otlp_endpoint.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(cli::exit::USAGE);
+        }
+    };
+    let code = match runtime.block_on(cli::commands::run(args)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             cli::report(&e);
             ExitCode::from(cli::exit_code(&e))
         }
-    }
+    };
+    drop(runtime);
+    telemetry.shutdown();
+    code
 }

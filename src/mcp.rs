@@ -3,15 +3,21 @@
 //!
 //! Fixed tools: `workflow_list`, `workflow_actions`, `workflow_plan`,
 //! `workflow_run`, `workflow_status`, `workflow_resume`, `workflow_cancel`,
-//! `workflow_retry`, `workflow_audit`. Besides those, every published
-//! workflow that declares `tool:` is a tool of its own, with its input and
-//! output schemas; calling it runs the workflow's latest version.
+//! `workflow_retry`, `workflow_audit`, `workflow_reconcile`, and
+//! `judgment_list`, `judgment_show`, `judgment_submit`. Besides those, every
+//! workflow registered as a tool (`tool:`) is a tool of its own, with its
+//! input and output schemas; calling it runs the registered (armed)
+//! version, under the idempotency key in the request's
+//! `_meta.idempotency_key` when there is one. What the host's policy says
+//! holds here as everywhere: with `allow-custom-definitions = false`,
+//! `workflow_run` starts only armed versions, never a file path.
 //!
 //! A tool that ran and did not work (a failed run, an unknown run id) is a
 //! tool-level error the agent can read; only an unknown tool name or
 //! arguments of the wrong shape are protocol errors.
 
 use std::sync::Arc;
+use tracing::Instrument;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -69,6 +75,38 @@ fn fixed_tools() -> Vec<(&'static str, &'static str, Value)> {
             "A run's intent records, tool calls and verdicts with hostcall records.",
             run,
         ),
+        (
+            "workflow_reconcile",
+            "Record what became of a tool call whose outcome is unknown (a blocked run): `committed` with the call's output, or `failed` with a reason; the run then goes on.",
+            json!({"type": "object", "properties": {
+                "run": {"type": "string", "description": "A run id (WFR-…)"},
+                "step": {"type": "string", "description": "The step whose call is in doubt"},
+                "committed": {"description": "The call happened: its output (JSON)"},
+                "failed": {"type": "string", "description": "The call did not happen: why"}
+            }, "required": ["run", "step"]}),
+        ),
+        (
+            "judgment_list",
+            "Open judgment requests: what each asks, its sources with hashes, the result schema and the request hash an answer must name.",
+            json!({"type": "object", "properties": {}}),
+        ),
+        (
+            "judgment_show",
+            "One judgment request.",
+            json!({"type": "object", "properties": {"id": {"type": "string", "description": "A judgment id (WFJ-…)"}}, "required": ["id"]}),
+        ),
+        (
+            "judgment_submit",
+            "Answer a judgment request; the answer is checked against the request's result schema before the run resumes.",
+            json!({"type": "object", "properties": {
+                "id": {"type": "string", "description": "A judgment id (WFJ-…)"},
+                "request_hash": {"type": "string", "description": "The request hash from judgment_show: the answer is to exactly that request"},
+                "result": {"description": "The answer (JSON), matching the request's result schema"},
+                "provenance": {"type": "object", "description": "Who answered: {\"judge\": \"…\"}"},
+                "executor": {"type": "string"},
+                "profile": {"type": "string"}
+            }, "required": ["id", "request_hash", "result", "provenance"]}),
+        ),
     ]
 }
 
@@ -103,6 +141,9 @@ impl PoimenMcp {
                 .clone()
                 .or_else(|| def.description.clone())
                 .unwrap_or_else(|| format!("Runs workflow `{}` ({})", def.id, version.short(12)));
+            let description = format!(
+                "{description} (A workflow run; set `_meta.idempotency_key` so a retried call returns the first run.)"
+            );
             let input = def
                 .inputs
                 .clone()
@@ -121,7 +162,12 @@ impl PoimenMcp {
         Ok(tools)
     }
 
-    async fn call(&self, name: &str, args: Map<String, Value>) -> Result<CallToolResult, McpError> {
+    async fn call(
+        &self,
+        name: &str,
+        args: Map<String, Value>,
+        idempotency_key: Option<String>,
+    ) -> Result<CallToolResult, McpError> {
         let text = |key: &str| -> Result<String, McpError> {
             args.get(key)
                 .and_then(Value::as_str)
@@ -181,33 +227,105 @@ impl PoimenMcp {
                         input,
                         poimen::RunOptions {
                             idempotency_key: key,
-                            tenant: None,
+                            ..Default::default()
                         },
                     )
                     .await
                     .map(|o| outcome(&o))
             }
-            "workflow_status" => self.host.status(&text("run")?).await.map(
-                |(rec, state)| json!({"run": rec, "steps": state.steps, "output": state.output}),
-            ),
-            "workflow_resume" => self.host.resume(&text("run")?).await.map(|o| outcome(&o)),
-            "workflow_cancel" => self
-                .host
-                .cancel(&text("run")?)
-                .await
-                .map(|r| json!({"run": r})),
+            "workflow_status" => match run_id(&text("run")?) {
+                Ok(run) => self.host.status(&run).await.map(
+                    |(rec, state)| json!({"run": rec, "steps": state.steps, "output": state.output}),
+                ),
+                Err(e) => Err(e),
+            },
+            "workflow_resume" => match run_id(&text("run")?) {
+                Ok(run) => self.host.resume(&run).await.map(|o| outcome(&o)),
+                Err(e) => Err(e),
+            },
+            "workflow_cancel" => match run_id(&text("run")?) {
+                Ok(run) => self.host.cancel(&run).await.map(|r| json!({"run": r})),
+                Err(e) => Err(e),
+            },
             "workflow_retry" => {
-                let from = args.get("from").and_then(Value::as_str);
-                self.host
-                    .retry(&text("run")?, from)
-                    .await
-                    .map(|o| outcome(&o))
+                let from = args
+                    .get("from")
+                    .and_then(Value::as_str)
+                    .map(poimen::StepId::from);
+                match run_id(&text("run")?) {
+                    Ok(run) => self
+                        .host
+                        .retry(&run, from.as_ref())
+                        .await
+                        .map(|o| outcome(&o)),
+                    Err(e) => Err(e),
+                }
             }
-            "workflow_audit" => self
+            "workflow_audit" => match run_id(&text("run")?) {
+                Ok(run) => self
+                    .host
+                    .audit(&run)
+                    .await
+                    .map(|a| serde_json::to_value(a).unwrap_or(Value::Null)),
+                Err(e) => Err(e),
+            },
+            "workflow_reconcile" => {
+                let decision = match (args.get("committed"), args.get("failed")) {
+                    (Some(output), None) => poimen::Reconciliation::Committed {
+                        output: output.clone(),
+                    },
+                    (None, Some(Value::String(reason))) => poimen::Reconciliation::Failed {
+                        reason: reason.clone(),
+                    },
+                    _ => {
+                        return Err(McpError::invalid_params(
+                            "`workflow_reconcile` needs exactly one of `committed` (the call's output) or `failed` (a reason, a string)",
+                            None,
+                        ));
+                    }
+                };
+                let step = poimen::StepId::from(text("step")?);
+                match run_id(&text("run")?) {
+                    Ok(run) => self
+                        .host
+                        .reconcile(&run, &step, decision)
+                        .await
+                        .map(|o| outcome(&o)),
+                    Err(e) => Err(e),
+                }
+            }
+            "judgment_list" => self
                 .host
-                .audit(&text("run")?)
+                .judgments()
                 .await
-                .map(|a| serde_json::to_value(a).unwrap_or(Value::Null)),
+                .map(|j| json!({"judgments": j})),
+            "judgment_show" => match judgment_id(&text("id")?) {
+                Ok(id) => self
+                    .host
+                    .judgment(&id)
+                    .await
+                    .map(|j| json!({"judgment": j})),
+                Err(e) => Err(e),
+            },
+            "judgment_submit" => {
+                let mut fields = args.clone();
+                fields.remove("id");
+                let submission: poimen::JudgmentSubmission =
+                    serde_json::from_value(Value::Object(fields)).map_err(|e| {
+                        McpError::invalid_params(
+                            format!("`judgment_submit`: not a judgment submission ({e}); give `request_hash`, `result` and `provenance: {{\"judge\": …}}`"),
+                            None,
+                        )
+                    })?;
+                match judgment_id(&text("id")?) {
+                    Ok(id) => self
+                        .host
+                        .submit_judgment(&id, submission)
+                        .await
+                        .map(|o| outcome(&o)),
+                    Err(e) => Err(e),
+                }
+            }
             other => {
                 let tools = self.host.workflow_tools().await.map_err(internal)?;
                 let found = tools.into_iter().find(|(_, d)| {
@@ -223,11 +341,16 @@ impl PoimenMcp {
                         None,
                     ));
                 };
+                // A call under an idempotency key (`_meta.idempotency_key`)
+                // returns the run it started the first time.
                 self.host
                     .run(
                         &Target::Version(version.to_string()),
                         Value::Object(args.clone()),
-                        poimen::RunOptions::default(),
+                        poimen::RunOptions {
+                            idempotency_key: idempotency_key.clone(),
+                            ..Default::default()
+                        },
                     )
                     .await
                     .map(|o| outcome(&o))
@@ -248,6 +371,18 @@ impl PoimenMcp {
             Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
         })
     }
+}
+
+/// A run id an agent gave: a malformed one is a tool-level error the agent
+/// can read and correct, like an unknown one.
+fn run_id(text: &str) -> Result<poimen::RunId, poimen::Error> {
+    text.parse::<poimen::RunId>().map_err(poimen::Error::from)
+}
+
+/// A judgment id an agent gave, checked like a run id.
+fn judgment_id(text: &str) -> Result<poimen::JudgmentId, poimen::Error> {
+    text.parse::<poimen::JudgmentId>()
+        .map_err(poimen::Error::from)
 }
 
 fn outcome(o: &poimen::RunOutcome) -> Value {
@@ -281,10 +416,33 @@ impl ServerHandler for PoimenMcp {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let args = request.arguments.unwrap_or_default();
-        self.call(&request.name, args)
+        // The request's `_meta` (the SDK hands it over in the context).
+        let key = request
+            .meta
+            .as_ref()
+            .and_then(|m| m.get("idempotency_key"))
+            .or_else(|| context.meta.get("idempotency_key"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        // A W3C trace context in `_meta` (`traceparent`, `tracestate`)
+        // continues the caller's trace into the call and its run.
+        let mut trace = serde_json::Map::new();
+        for field in ["traceparent", "tracestate"] {
+            if let Some(v) = request
+                .meta
+                .as_ref()
+                .and_then(|m| m.get(field))
+                .or_else(|| context.meta.get(field))
+            {
+                trace.insert(field.to_owned(), v.clone());
+            }
+        }
+        let span = crate::telemetry::mcp_span(&request.name, Some(&trace));
+        self.call(&request.name, args, key)
+            .instrument(span)
             .await
             .map(CallToolResponse::from)
     }

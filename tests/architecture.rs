@@ -165,6 +165,18 @@ fn architecture_each_crate_knows_only_what_it_may() {
             ],
         ),
         (
+            "poimen-policy",
+            &[
+                "wasmtime",
+                "tokio",
+                "rusqlite",
+                "poimen-store",
+                "poimen-sandbox",
+                "poimen-executor",
+                "poimen",
+            ],
+        ),
+        (
             "poimen-store",
             &["wasmtime", "poimen-sandbox", "poimen-executor", "poimen"],
         ),
@@ -190,6 +202,21 @@ fn architecture_each_crate_knows_only_what_it_may() {
                 "clap_complete",
                 "indicatif",
                 "humantime",
+                "rmcp",
+                "tracing-subscriber",
+                "poimen-cli",
+                // The HTTP API is its own crate: the facade stays lean.
+                "poimen-server",
+                "axum",
+                "utoipa",
+            ],
+        ),
+        (
+            "poimen-server",
+            &[
+                "clap",
+                "clap_complete",
+                "indicatif",
                 "rmcp",
                 "tracing-subscriber",
                 "poimen-cli",
@@ -234,6 +261,46 @@ fn architecture_each_crate_knows_only_what_it_may() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// The HTTP API reaches the engine only through the facade: it names no
+/// crate below `poimen`, nor wasmtime or a database client, itself
+/// (through the facade it has them all, so this is about its own
+/// dependencies).
+#[test]
+fn architecture_the_server_knows_only_the_facade() {
+    let m: Value = serde_json::from_str(&cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--offline",
+        "--no-deps",
+    ]))
+    .expect("cargo metadata prints JSON");
+    let server = m["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "poimen-server")
+        .expect("poimen-server is a workspace member");
+    let forbidden = [
+        "wasmtime",
+        "rusqlite",
+        "tokio-postgres",
+        "poimen-workflow",
+        "poimen-store",
+        "poimen-sandbox",
+        "poimen-executor",
+    ];
+    let direct: Vec<&str> = server["dependencies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["kind"] != "dev")
+        .filter_map(|d| d["name"].as_str())
+        .filter(|name| forbidden.contains(name))
+        .collect();
+    assert!(direct.is_empty(), "poimen-server depends on {direct:?}");
 }
 
 // ------------------------------------------------------- import circles
@@ -563,10 +630,12 @@ fn architecture_no_import_circles_between_files() {
     let mut problems = Vec::new();
     for krate in [
         "host/workflow",
+        "host/policy",
         "host/store",
         "host/sandbox",
         "host/executor",
         "host/poimen",
+        "host/server",
         ".",
     ] {
         for cycle in cycles(&root().join(krate).join("src")) {

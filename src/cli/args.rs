@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use poimen::{JudgmentId, RunId};
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -40,9 +41,17 @@ pub struct Global {
     /// Also load the plugins (components) in this directory; repeatable.
     #[arg(long = "plugins", global = true, value_name = "DIR")]
     pub plugin_dirs: Vec<PathBuf>,
-    /// Capability policy file (TOML) granting plugins what they declare.
+    /// The host's policy file (TOML): plugin grants and limits, which workflows may start, judgment defaults, bounds, durability, retention (docs/policy.md).
     #[arg(long, global = true, value_name = "FILE", env = "POIMEN_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Export the host's spans over OTLP (HTTP, protobuf) to URL/v1/traces, e.g. http://127.0.0.1:4318. A caller's W3C `traceparent` (HTTP header, MCP `_meta`) continues into its runs.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )]
+    pub otlp_endpoint: Option<String>,
     /// Where compiled plugins are cached (default: `cache/` beside the store).
     #[arg(long, global = true, value_name = "DIR", env = "POIMEN_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -106,6 +115,30 @@ pub enum Command {
         /// Record no parent: this version starts a new history.
         #[arg(long)]
         no_parent: bool,
+    },
+    /// Arm a version: new runs of its workflow start on it; live runs of other versions are retired by their `unload` policy.
+    #[command(after_help = "Example: poimen arm triage@b3:1a2b3c
+
+VERSION is a full or abbreviated version, or `latest`. The version must load on this host and its workflow be enabled by the policy.")]
+    Arm {
+        /// `WORKFLOW_ID@VERSION`, or a version alone.
+        #[arg(value_name = "ID@VERSION")]
+        spec: String,
+    },
+    /// Disarm a workflow: no new run of it starts; its live runs are retired by their `unload` policy.
+    #[command(after_help = "Example: poimen disarm triage")]
+    Disarm { workflow: String },
+    /// Delete finished runs older than an age: their episodes, intents, judgments, and the blobs nothing else refers to. Never versions, never unfinished runs.
+    #[command(after_help = "Example: poimen gc --older-than 30d --dry-run
+
+A run goes with its sub-workflow runs, once every one of them has ended (completed, failed or cancelled) and the top-level run ended longer ago than the age. Without --older-than, the policy's `[retention] keep-finished-ms` is the age. Freed idempotency keys may start new runs.")]
+    Gc {
+        /// How long ago a run must have finished to go (e.g. 30d, 12h).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Say what would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Published workflows, or the version DAG of one.
     #[command(after_help = "Example: poimen versions triage")]
@@ -201,9 +234,18 @@ pub enum Command {
 Stops on SIGTERM or Ctrl-C: claims nothing more, lets the runs it drives finish within --grace, then hands the rest back."
     )]
     Serve {
-        /// Runs driven at once.
-        #[arg(long, default_value_t = 8)]
-        workers: usize,
+        /// Step executions (tool and model attempts) at once; ready steps beyond them wait, higher priority first.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        workers: u32,
+        /// Runs driven at once (default: 4 per worker).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_runs: Option<u32>,
+        /// Waiting steps from which the host is under `warn` pressure: new `low` runs are shed and nothing new is claimed (default: 4 per worker).
+        #[arg(long, value_name = "N")]
+        warn_queue: Option<usize>,
+        /// Waiting steps from which the host is under `shed` pressure: new `normal` runs are shed too (default: 16 per worker).
+        #[arg(long, value_name = "N")]
+        shed_queue: Option<usize>,
         /// This host's id in run leases (default: serve-HOSTNAME-PID). Distinct per host.
         #[arg(long, value_name = "ID")]
         host_id: Option<String>,
@@ -216,11 +258,17 @@ Stops on SIGTERM or Ctrl-C: claims nothing more, lets the runs it drives finish 
         /// On shutdown, how long the runs being driven may take to finish.
         #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
         grace: std::time::Duration,
+        /// Also serve the HTTP API (`/v1`, see docs/http-api.md) on this address, e.g. 127.0.0.1:8080 (port 0 picks a free one).
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+        /// A file holding the bearer token every HTTP request (but health and readiness) must carry; required when --http is not a loopback address.
+        #[arg(long, value_name = "FILE", requires = "http")]
+        token_file: Option<PathBuf>,
     },
     /// A run's status, or recent runs.
     #[command(after_help = "Example: poimen status WFR-01J... --wait --timeout 30s")]
     Status {
-        run: Option<String>,
+        run: Option<RunId>,
         /// Wait until the run completes, fails, blocks or waits for a judgment.
         #[arg(long, requires = "run")]
         wait: bool,
@@ -236,20 +284,20 @@ Stops on SIGTERM or Ctrl-C: claims nothing more, lets the runs it drives finish 
     },
     /// A run's episode: every event, in order.
     #[command(after_help = "Example: poimen episode WFR-01J... --json")]
-    Episode { run: String },
+    Episode { run: RunId },
     /// A run's intents and hostcall records.
     #[command(after_help = "Example: poimen audit WFR-01J...")]
-    Audit { run: String },
+    Audit { run: RunId },
     /// Drive a stopped run again.
     #[command(after_help = "Example: poimen resume WFR-01J...")]
-    Resume { run: String },
+    Resume { run: RunId },
     /// Cancel a run.
     #[command(after_help = "Example: poimen cancel WFR-01J...")]
-    Cancel { run: String },
+    Cancel { run: RunId },
     /// Run a failed run again from a step (by default the one that failed).
     #[command(after_help = "Example: poimen retry WFR-01J... --from fetch")]
     Retry {
-        run: String,
+        run: RunId,
         #[arg(long, value_name = "STEP")]
         from: Option<String>,
     },
@@ -258,7 +306,7 @@ Stops on SIGTERM or Ctrl-C: claims nothing more, lets the runs it drives finish 
         after_help = "Example: poimen reconcile WFR-01J... charge --committed '{\"ok\": true}'"
     )]
     Reconcile {
-        run: String,
+        run: RunId,
         step: String,
         /// The call happened; its output (JSON, or @FILE).
         #[arg(
@@ -296,11 +344,11 @@ pub enum JudgmentCmd {
     List,
     /// One request: its sources with hashes, result schema, executor, request hash.
     #[command(after_help = "Example: poimen judgment show WFJ-01J...")]
-    Show { id: String },
+    Show { id: JudgmentId },
     /// Submit a result; the engine validates it before the run resumes.
     #[command(after_help = "Example: poimen judgment submit WFJ-01J... --file answer.json")]
     Submit {
-        id: String,
+        id: JudgmentId,
         /// JSON: {\"request_hash\", \"result\", \"executor\"?, \"profile\"?, \"provenance\": {\"judge\": ...}}.
         #[arg(long, value_name = "RESULT")]
         file: PathBuf,

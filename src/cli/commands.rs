@@ -40,20 +40,42 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::Version { files } => version(g, &files),
         Command::Serve {
             workers,
+            max_runs,
+            warn_queue,
+            shed_queue,
             host_id,
             lease_ttl,
             poll,
             grace,
+            http,
+            token_file,
         } => {
-            init_logs("info");
+            let http = match http {
+                Some(addr) => Some(http_listener(addr, token_file.as_deref())?),
+                None => None,
+            };
             let id = host_id.unwrap_or_else(default_serve_id);
-            let host = build_host_as(g, Some((id.clone(), lease_ttl))).await?;
-            serve(g, &host, &id, workers, poll, grace).await
+            let workers = workers as usize;
+            let defaults = poimen::executor::SchedulerConfig::workers(workers);
+            let serving = Serving {
+                id: id.clone(),
+                lease_ttl,
+                workers,
+                warn_queue: warn_queue.unwrap_or(defaults.warn_queue),
+                shed_queue: shed_queue.unwrap_or(defaults.shed_queue),
+            };
+            if serving.shed_queue < serving.warn_queue {
+                return Err(Usage(format!(
+                    "--shed-queue {} is below --warn-queue {}: shedding `normal` runs starts at or after shedding `low` ones",
+                    serving.shed_queue, serving.warn_queue
+                ))
+                .into());
+            }
+            let host = build_host_as(g, Some(serving)).await?;
+            let runs = max_runs.map_or(workers.saturating_mul(4), |n| n as usize);
+            serve(g, &host, &id, runs, poll, grace, http).await
         }
         command => {
-            if std::env::var_os("POIMEN_LOG").is_some() {
-                init_logs("warn");
-            }
             let host = if reads_only(&command) {
                 build_reading_host(g).await?
             } else {
@@ -62,19 +84,6 @@ pub async fn run(cli: Cli) -> Result<u8> {
             dispatch(g, &host, command).await
         }
     }
-}
-
-/// Logs to stderr, filtered by `POIMEN_LOG` (tracing's `EnvFilter`
-/// syntax, e.g. `info` or `poimen_executor=debug`), else at `default`.
-fn init_logs(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("POIMEN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
 }
 
 /// Where the store is: an SQLite file, or a PostgreSQL URL.
@@ -158,17 +167,33 @@ async fn build_reading_host(g: &Global) -> Result<Host> {
     Ok(b.bundled_plugins(false).build().await?)
 }
 
-/// The host, as the `local` CLI host or as a serving host (`(id, lease ttl)`).
-async fn build_host_as(g: &Global, serving: Option<(String, Duration)>) -> Result<Host> {
+/// What a serving host is configured with.
+struct Serving {
+    id: String,
+    lease_ttl: Duration,
+    workers: usize,
+    warn_queue: usize,
+    shed_queue: usize,
+}
+
+/// The host, as the `local` CLI host or as a serving host.
+async fn build_host_as(g: &Global, serving: Option<Serving>) -> Result<Host> {
     let mut b = match store_at(g)? {
         StoreAt::File(path) => Host::builder().store_path(path),
         StoreAt::Url(url) => Host::builder()
             .store_url(url)
             .cache_dir(local_dir(g)?.join("cache")),
     }
-    .bundled_plugins(!g.no_bundled);
-    if let Some((id, ttl)) = serving {
-        b = b.host_id(id).lease_ttl(ttl);
+    .bundled_plugins(!g.no_bundled)
+    // A run driven away from its starter's request (claimed from the
+    // queue, taken over) continues the trace the starter recorded.
+    .trace_parent(crate::telemetry::continue_trace);
+    if let Some(s) = serving {
+        b = b
+            .host_id(s.id)
+            .lease_ttl(s.lease_ttl)
+            .workers(s.workers)
+            .pressure(s.warn_queue, s.shed_queue);
     }
     let added = plugin_store_dir(g)?;
     if added.is_dir() {
@@ -295,21 +320,54 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             }
             Ok(exit::OK)
         }
+        Command::Arm { spec } => {
+            let armed = host.arm(&spec).await?;
+            print_armed(g, &armed)?;
+            Ok(exit::OK)
+        }
+        Command::Disarm { workflow } => {
+            let armed = host.disarm(&poimen::WorkflowId::from(workflow)).await?;
+            print_armed(g, &armed)?;
+            Ok(exit::OK)
+        }
+        Command::Gc {
+            older_than,
+            dry_run,
+        } => {
+            let r = host.gc(older_than, dry_run).await?;
+            if g.json {
+                print_json(&r)?;
+            } else {
+                let verb = if r.dry_run { "would free" } else { "freed" };
+                println!(
+                    "{verb} {} runs: {} events, {} intent records, {} judgments, {} blobs ({} bytes)",
+                    r.runs, r.events, r.intents, r.judgments, r.blobs, r.blob_bytes
+                );
+            }
+            Ok(exit::OK)
+        }
         Command::Versions { workflow } => {
             match workflow {
                 Some(w) => {
+                    let w = poimen::WorkflowId::from(w);
                     let list = host.versions(&w).await?;
+                    let armed = host.armed(&w).await?.and_then(|a| a.version);
                     if g.json {
                         let rows: Vec<Value> = list
                             .iter()
-                            .map(|r| json!({"version": r.version, "parent": r.parent, "created_at": r.created_at}))
+                            .map(|r| json!({"version": r.version, "parent": r.parent, "created_at": r.created_at, "armed": armed == Some(r.version)}))
                             .collect();
                         print_json(&rows)?;
                     } else {
                         for r in &list {
+                            let mark = if armed == Some(r.version) {
+                                "  armed"
+                            } else {
+                                ""
+                            };
                             match r.parent {
-                                Some(p) => println!("{}  <- {}", r.version, p.short(12)),
-                                None => println!("{}  (root)", r.version),
+                                Some(p) => println!("{}  <- {}{mark}", r.version, p.short(12)),
+                                None => println!("{}  (root){mark}", r.version),
                             }
                         }
                     }
@@ -335,7 +393,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Show { version } => {
-            let (record, _) = host.version(&version).await?;
+            let (record, _) = host.find_version(&version).await?;
             if g.json {
                 let v: Value = serde_json::from_slice(&record.canonical)?;
                 print_json(
@@ -406,6 +464,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             let opts = poimen::RunOptions {
                 idempotency_key,
                 tenant,
+                trace: None,
             };
             run_verb(g, host, &target, input, opts).await
         }
@@ -425,6 +484,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             let opts = poimen::RunOptions {
                 idempotency_key,
                 tenant,
+                trace: None,
             };
             let run = host.enqueue(&target, input, opts).await?;
             if g.json {
@@ -447,7 +507,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
         }
         Command::Status {
             run, limit, tenant, ..
-        } => status(g, host, run.as_deref(), limit, tenant.as_deref()).await,
+        } => status(g, host, run.as_ref(), limit, tenant.as_deref()).await,
         Command::Serve { .. } => Ok(exit::OK),
         Command::Episode { run } => {
             let episode = host.episode(&run).await?;
@@ -482,15 +542,20 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 }
                 println!("tool calls:");
                 for c in &audit.tool_calls {
-                    let rec = &c["record"];
+                    let outcome = match &c.outcome {
+                        poimen::CallOutcome::Ok { .. } => "ok",
+                        poimen::CallOutcome::Err { .. } => "err",
+                    };
+                    let host_calls = match &c.record {
+                        poimen::CallRecord::Hostcall(r) => r.host_calls.len().to_string(),
+                        poimen::CallRecord::Other(_) => "none (reconciled)".to_owned(),
+                    };
                     println!(
-                        "  {} attempt {}: {} {} → {}  host calls: {}",
-                        c["step"].as_str().unwrap_or("?"),
-                        c["attempt"],
-                        c["tool"]["name"].as_str().unwrap_or("?"),
-                        c["args_hash"].as_str().map(short).unwrap_or_default(),
-                        c["outcome"]["result"].as_str().unwrap_or("?"),
-                        rec["host_calls"].as_array().map_or(0, Vec::len)
+                        "  {} attempt {}: {} {} → {outcome}  host calls: {host_calls}",
+                        c.step,
+                        c.attempt,
+                        c.tool.name,
+                        short(&c.args_hash),
                     );
                 }
                 if audit.incomplete.is_empty() {
@@ -518,7 +583,8 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             Ok(exit::OK)
         }
         Command::Retry { run, from } => {
-            let out = host.retry(&run, from.as_deref()).await?;
+            let from = from.map(poimen::StepId::from);
+            let out = host.retry(&run, from.as_ref()).await?;
             finish(g, &out)
         }
         Command::Reconcile {
@@ -536,7 +602,9 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                     return Err(Usage("give --committed OUTPUT or --failed REASON".into()).into());
                 }
             };
-            let out = host.reconcile(&run, &step, decision).await?;
+            let out = host
+                .reconcile(&run, &poimen::StepId::from(step), decision)
+                .await?;
             finish(g, &out)
         }
         Command::Judgment(j) => judgment(g, host, j).await,
@@ -566,7 +634,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
 async fn load_def(host: &Host, text: &str) -> Result<poimen::workflow::WorkflowDef> {
     Ok(match Target::parse(text) {
         Target::File(p) => host.load_file(&p)?.def,
-        Target::Version(v) => host.version(&v).await?.1,
+        Target::Version(v) => host.find_version(&v).await?.1,
     })
 }
 
@@ -615,6 +683,21 @@ async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> R
                     }
                 }
                 report.push(json!({"file": f, "valid": false, "errors": errors}));
+            }
+            Err(poimen::Error::Policy { violations, .. }) => {
+                code = code.max(exit::INVALID);
+                if !g.json {
+                    eprintln!(
+                        "{}: {} problem(s) with this host's policy",
+                        f.display(),
+                        violations.len()
+                    );
+                    for v in &violations {
+                        eprintln!("  - {v}");
+                    }
+                }
+                let policy: Vec<String> = violations.iter().map(ToString::to_string).collect();
+                report.push(json!({"file": f, "valid": false, "policy": policy}));
             }
             Err(e) => return Err(e.into()),
         }
@@ -745,48 +828,46 @@ async fn run_verb(
     {
         return Err(Usage(format!("{} does not exist", p.display())).into());
     }
-    let run = host.start(&target, input, opts).await?;
+    let handle = host.start(&target, input, opts).await?;
     let live = !g.json && std::io::stderr().is_terminal();
-    if g.json {
+    if !g.json {
         // Machines get one document at the end.
-    } else {
-        println!("{run}");
+        println!("{}", handle.id());
     }
-    let mut seen = 0usize;
-    let spinner = if live {
+    let out = if live {
         let pb = indicatif::ProgressBar::new_spinner();
         pb.enable_steady_tick(Duration::from_millis(120));
-        Some(pb)
-    } else {
-        None
-    };
-    loop {
-        let (rec, _) = host.status(run.as_str()).await?;
-        if let Some(pb) = &spinner {
-            let episode = host.episode(run.as_str()).await?;
-            for r in episode.events.iter().skip(seen) {
-                if let Some(line) = progress_line(&r.event) {
-                    pb.println(line);
+        // Steps as they are committed, until the run stops (it may stop
+        // waiting or blocked, which does not end its event stream).
+        let mut events = std::pin::pin!(handle.events(0));
+        let mut next = 0u64;
+        let wait = handle.wait();
+        let mut wait = std::pin::pin!(wait);
+        let out = loop {
+            tokio::select! {
+                out = &mut wait => break out?,
+                Some(Ok(e)) = futures::StreamExt::next(&mut events) => {
+                    next = e.seq + 1;
+                    if let Some(line) = progress_line(&e.event) {
+                        pb.println(line);
+                    }
                 }
             }
-            seen = episode.events.len();
-        }
-        if rec.status != RunStatus::Running && rec.status != RunStatus::Queued {
-            if let Some(pb) = spinner {
-                pb.finish_and_clear();
+        };
+        // What was committed after the last event shown.
+        for r in host.episode(handle.id()).await?.events {
+            if r.seq >= next
+                && let Some(line) = progress_line(&r.event)
+            {
+                pb.println(line);
             }
-            let state = host.status(run.as_str()).await?.1;
-            let out = RunOutcome {
-                run: rec.id,
-                status: rec.status,
-                output: state.output.clone(),
-                reason: rec.reason,
-                state,
-            };
-            return finish(g, &out);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        pb.finish_and_clear();
+        out
+    } else {
+        handle.wait().await?
+    };
+    finish(g, &out)
 }
 
 /// Awaits `work` — compiling and checking a component, which takes tens of
@@ -913,7 +994,7 @@ fn describe_event(e: &poimen::executor::EpisodeEvent) -> String {
 async fn status(
     g: &Global,
     host: &Host,
-    run: Option<&str>,
+    run: Option<&poimen::RunId>,
     limit: u32,
     tenant: Option<&str>,
 ) -> Result<u8> {
@@ -961,22 +1042,107 @@ async fn status(
     }
 }
 
-/// `poimen serve`: drives runs until SIGTERM or Ctrl-C.
+/// Where `poimen serve --http` listens, and the token it requires.
+struct HttpListener {
+    addr: std::net::SocketAddr,
+    config: poimen_server::ServerConfig,
+}
+
+/// Checks `--http ADDR [--token-file FILE]` before anything starts: a
+/// listener beyond this machine must require a token.
+fn http_listener(addr: std::net::SocketAddr, token_file: Option<&Path>) -> Result<HttpListener> {
+    let token = match token_file {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Usage(format!(
+                    "--token-file {}: cannot read it ({e})",
+                    path.display()
+                ))
+            })?;
+            let token = text.trim().to_owned();
+            if token.is_empty() {
+                return Err(Usage(format!(
+                    "--token-file {} is empty: write the bearer token clients must send into it",
+                    path.display()
+                ))
+                .into());
+            }
+            Some(token)
+        }
+    };
+    if token.is_none() && !addr.ip().is_loopback() {
+        return Err(Usage(format!(
+            "--http {addr} listens beyond this machine, and without a token anyone who reaches it could start and cancel runs; give --token-file FILE (a bearer token clients must send), or listen on a loopback address such as 127.0.0.1:{}",
+            addr.port()
+        ))
+        .into());
+    }
+    Ok(HttpListener {
+        addr,
+        config: match token {
+            Some(t) => poimen_server::ServerConfig::with_token(t),
+            None => poimen_server::ServerConfig::open(),
+        },
+    })
+}
+
+/// `poimen serve`: drives runs until SIGTERM or Ctrl-C, and with `--http`
+/// serves the HTTP API on the same host.
 async fn serve(
     g: &Global,
     host: &Host,
     id: &str,
-    workers: usize,
+    runs: usize,
     poll: Duration,
     grace: Duration,
+    http: Option<HttpListener>,
 ) -> Result<u8> {
     let opts = poimen::executor::ServeOptions {
-        workers,
+        workers: runs,
         poll,
         grace,
     };
-    eprintln!("poimen serve: host `{id}`, {workers} workers; SIGTERM or Ctrl-C stops it");
-    let shutdown = async {
+    let sched = host.scheduler();
+    eprintln!(
+        "poimen serve: host `{id}`, {} workers, up to {runs} runs at once; SIGTERM or Ctrl-C stops it",
+        sched.workers
+    );
+    // One signal stops both the serving loop and the HTTP listener.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let http_task = match http {
+        None => None,
+        Some(HttpListener { addr, config }) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("poimen serve: cannot listen on {addr}"))?;
+            let local = listener
+                .local_addr()
+                .with_context(|| format!("poimen serve: cannot read the address of {addr}"))?;
+            eprintln!(
+                "poimen serve: HTTP API on http://{local}/v1{}",
+                if config.token.is_some() {
+                    " (bearer token required)"
+                } else {
+                    ""
+                }
+            );
+            // Runs started over HTTP go through this host's serving loop
+            // (and its `--max-runs`), like runs started by `poimen start`.
+            let app =
+                poimen_server::router(std::sync::Arc::new(host.clone()), config.queue_starts(true))
+                    .layer(axum::middleware::from_fn(crate::telemetry::trace_context));
+            let mut stopped = stopped.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            }))
+        }
+    };
+    let signal = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(t) => t,
@@ -991,18 +1157,35 @@ async fn serve(
             _ = tokio::signal::ctrl_c() => {}
         }
     };
+    let shutdown = async move {
+        signal.await;
+        let _ = stop.send(true);
+    };
     let report = host.serve(opts, shutdown).await?;
+    if let Some(task) = http_task {
+        // Open event streams may outlive the grace period: they are cut.
+        match tokio::time::timeout(grace, task).await {
+            Ok(Ok(Err(e))) => eprintln!("poimen serve: the HTTP listener failed: {e}"),
+            Ok(Err(e)) => eprintln!("poimen serve: the HTTP listener stopped: {e}"),
+            Ok(Ok(Ok(()))) | Err(_) => {}
+        }
+    }
+    let sched = host.scheduler();
     if g.json {
         print_json(&json!({
             "host": id,
             "driven": report.driven,
             "handed_back": report.handed_back,
+            "scheduler": sched,
         }))?;
     } else {
         eprintln!(
-            "poimen serve: stopped; drove {} run(s), handed back {}",
+            "poimen serve: stopped; drove {} run(s), handed back {}; {} step execution(s), shed {} low and {} normal run(s)",
             report.driven,
-            report.handed_back.len()
+            report.handed_back.len(),
+            sched.granted,
+            sched.shed_low,
+            sched.shed_normal
         );
     }
     Ok(exit::OK)
@@ -1318,18 +1501,18 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
             let args = json_arg(&args, "the arguments")?;
             let r: poimen::workflow::ToolRef = tool.parse().map_err(Usage)?;
             let inv = host.call_tool(r, args, key).await;
-            match inv {
-                Ok((output, record)) => {
+            match inv.outcome {
+                Ok(output) => {
                     if g.json {
-                        print_json(&json!({"output": output, "record": record}))?;
+                        print_json(&json!({"output": output, "record": inv.record}))?;
                     } else {
                         println!("{}", serde_json::to_string_pretty(&output)?);
                     }
                     Ok(exit::OK)
                 }
-                Err((e, record)) => {
+                Err(e) => {
                     if g.json {
-                        print_json(&json!({"error": e, "record": record}))?;
+                        print_json(&json!({"error": e.to_string(), "record": inv.record}))?;
                     } else {
                         eprintln!("error: {e}");
                     }
@@ -1434,4 +1617,37 @@ fn parse_since(text: &str) -> Result<i64> {
         ))
         .into()),
     }
+}
+
+/// What `arm` / `disarm` did, for people or as JSON.
+fn print_armed(g: &Global, armed: &poimen::Armed) -> anyhow::Result<()> {
+    if g.json {
+        return print_json(armed);
+    }
+    match &armed.version {
+        Some(v) => println!("{v}  {} armed", armed.workflow),
+        None => println!("{} disarmed: no new run of it starts", armed.workflow),
+    }
+    if let Some(p) = armed.previous.as_ref().and_then(|p| p.version)
+        && Some(p) != armed.version
+    {
+        println!("  was {p}");
+    }
+    for r in &armed.retired {
+        let what = match r.action {
+            poimen::Retirement::Cancelled => "cancelled".to_owned(),
+            poimen::Retirement::Draining { deadline: None } => "draining (may finish)".to_owned(),
+            poimen::Retirement::Draining { deadline: Some(d) } => {
+                let at =
+                    std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(d).unwrap_or(0));
+                format!(
+                    "draining, cancelled if not over by {}",
+                    humantime::format_rfc3339_millis(at)
+                )
+            }
+            poimen::Retirement::Detached => "detached (runs on, pinned)".to_owned(),
+        };
+        println!("  run {} on {}: {what}", r.run, r.version.short(12));
+    }
+    Ok(())
 }

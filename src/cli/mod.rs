@@ -50,7 +50,14 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 pub fn exit_code_of(p: &poimen::Error) -> u8 {
     {
         match p {
-            poimen::Error::Parse(_) | poimen::Error::Invalid { .. } => exit::INVALID,
+            poimen::Error::Parse(_)
+            | poimen::Error::Invalid { .. }
+            | poimen::Error::Policy { .. }
+            | poimen::Error::ToolNameTaken { .. } => exit::INVALID,
+            // Refused by the policy: the request is not one this host takes.
+            poimen::Error::NotAllowed { .. }
+            | poimen::Error::Disarmed { .. }
+            | poimen::Error::NotArmed { .. } => exit::USAGE,
             poimen::Error::Shadow(s) => match s {
                 poimen::shadow::ShadowError::Ineligible(_)
                 | poimen::shadow::ShadowError::DifferentWorkflows { .. } => exit::INVALID,
@@ -63,9 +70,12 @@ pub fn exit_code_of(p: &poimen::Error) -> u8 {
             | poimen::Error::UnknownFormat { .. }
             | poimen::Error::NotFound { .. }
             | poimen::Error::BadTarget { .. }
-            | poimen::Error::BadInput(_) => exit::USAGE,
+            | poimen::Error::BadInput(_)
+            | poimen::Error::BadId(_)
+            | poimen::Error::NoRetention => exit::USAGE,
             poimen::Error::Start(s) => start_code(s),
             poimen::Error::Run(r) => run_code(r),
+            poimen::Error::Driver { cause, .. } => run_code(cause),
             poimen::Error::Operator(poimen::OperatorError::Run(r))
             | poimen::Error::Judgment(poimen::JudgmentError::Run(r)) => run_code(r),
             // The run is in another state, the step has no such call, the
@@ -81,7 +91,7 @@ fn start_code(e: &poimen::StartError) -> u8 {
     match e {
         S::Store(_) | S::Fold(_) | S::Unavailable { .. } | S::Replace(_) => exit::ERROR,
         // Refused for want of a slot: like a blocked run, try later.
-        S::Overflow { .. } => exit::STOPPED,
+        S::Overflow { .. } | S::Shed { .. } => exit::STOPPED,
         _ => exit::USAGE,
     }
 }
@@ -105,10 +115,18 @@ pub fn report(e: &anyhow::Error) {
         "error"
     };
     eprintln!("{label}: {e}");
-    if let Some(poimen::Error::Invalid { errors, .. }) = e.downcast_ref::<poimen::Error>() {
-        for err in errors {
-            eprintln!("  - {err}");
+    match e.downcast_ref::<poimen::Error>() {
+        Some(poimen::Error::Invalid { errors, .. }) => {
+            for err in errors {
+                eprintln!("  - {err}");
+            }
         }
+        Some(poimen::Error::Policy { violations, .. }) => {
+            for v in violations {
+                eprintln!("  - {v}");
+            }
+        }
+        _ => {}
     }
     // Causes, unless the line above already says them.
     let mut shown = e.to_string();

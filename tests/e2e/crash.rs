@@ -28,7 +28,7 @@ fs-write = { "/ledger" = "./ledger" }
 "#;
 
 /// A workflow whose second tool call is the effect under test.
-fn effect_workflow(tool: &str, args: &str) -> String {
+pub(crate) fn effect_workflow(tool: &str, args: &str) -> String {
     format!(
         r#"
 id: t.crash
@@ -47,7 +47,7 @@ transitions:
     )
 }
 
-fn setup(env: &Env, workflow: &str) -> std::path::PathBuf {
+pub(crate) fn setup(env: &Env, workflow: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
     env.write("policy.toml", POLICY);
     env.write("wf.yaml", workflow)
@@ -55,7 +55,7 @@ fn setup(env: &Env, workflow: &str) -> std::path::PathBuf {
 
 /// Runs `poimen run` until it reports the crash point, then SIGKILLs it.
 /// Returns the run id.
-fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
+pub(crate) fn run_and_kill(env: &Env, wf: &Path, point: &str, input: &str) -> String {
     run_and_kill_with(env, &[], wf, point, input)
 }
 
@@ -139,7 +139,7 @@ fn run_and_kill_with(env: &Env, global: &[&str], wf: &Path, point: &str, input: 
     })
 }
 
-fn recover(env: &Env) -> Value {
+pub(crate) fn recover(env: &Env) -> Value {
     let (code, out) = env.json(&["--policy", "policy.toml", "recover"]);
     assert_eq!(code, 0, "{out}");
     out
@@ -640,4 +640,52 @@ fn cancelling_a_blocked_run_claims_no_certainty_about_the_unknown_call() {
     assert_eq!(audit["incomplete"], json!([]), "{audit}");
     // And the guest did run once: the ledger has the line nobody accounted for.
     assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
+}
+
+#[test]
+fn crash_after_a_workflow_called_as_a_tool_started_its_child_makes_exactly_one_child() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("ledger")).expect("ledger dir");
+    env.write("policy.toml", POLICY);
+    let tool = env.write(
+        "refund.yaml",
+        r#"
+id: t.refund
+tool: {name: billing.refund, description: Refunds an amount once.}
+inputs: {type: object, properties: {n: {type: integer}}, required: [n]}
+steps:
+  - id: write
+    tool: {name: "ledger-idempotent@^0.1", args: {entry: {refund: "{{ inputs.n }}"}}}
+"#,
+    );
+    let (code, out) = env.json(&[
+        "--policy",
+        "policy.toml",
+        "publish",
+        tool.to_str().expect("utf8"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let wf = env.write(
+        "caller.yaml",
+        "id: t.caller\nsteps:\n  - id: refund\n    tool: {name: billing.refund, args: {n: 7}}\n",
+    );
+    let run = run_and_kill(&env, &wf, "after_child_created:1", "{}");
+    recover(&env);
+    let st = status(&env, &run);
+    assert_eq!(st["run"]["status"], json!("completed"), "{st}");
+    let (_, runs) = env.json(&["status", "--limit", "100"]);
+    let children: Vec<&Value> = runs
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter(|r| r["workflow_id"] == json!("t.refund"))
+        .collect();
+    assert_eq!(children.len(), 1, "exactly one child: {runs}");
+    assert_eq!(
+        st["state"]["steps"]["refund"]["child"]["run"], children[0]["id"],
+        "{st}"
+    );
+    // The effect inside happened once.
+    assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
+    check_consistent(&env, &run);
 }

@@ -28,7 +28,7 @@ impl Drop for Child {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedding_example_serves_runs_over_http() {
+async fn embedding_example_mounts_the_v1_api_beside_its_own_routes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = example_path();
     assert!(
@@ -38,8 +38,10 @@ async fn embedding_example_serves_runs_over_http() {
     );
     let mut child = Child(
         Command::new(&path)
-            .args(["--listen", "127.0.0.1:0", "--store"])
+            .args(["--listen", "127.0.0.1:0", "--token", "s3cret", "--store"])
             .arg(dir.path().join("poimen.db"))
+            .arg("--publish")
+            .arg(fixture("examples/text-report.yaml"))
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the example"),
@@ -54,25 +56,52 @@ async fn embedding_example_serves_runs_over_http() {
         .strip_prefix("listening on ")
         .expect("the address")
         .to_owned();
-
     let http = reqwest::Client::new();
-    let started: Value = http
-        .post(format!("{base}/runs"))
-        .json(&json!({"workflow": fixture("examples/text-report.yaml"), "input": {"text": "refund $5 to a@b.io"}}))
+    let bearer = "Bearer s3cret";
+
+    // The service's own route, beside the API (no token: its own).
+    let own: Value = http
+        .get(format!("{base}/service"))
         .send()
         .await
-        .expect("POST /runs")
+        .expect("GET /service")
         .json()
         .await
         .expect("json");
-    let run = started["run"]
+    assert_eq!(own["api"], "/v1", "{own}");
+    assert_eq!(own["published"], json!(["examples.text_report"]));
+
+    // The mounted API: the token is required, the armed workflow starts.
+    let refused = http
+        .get(format!("{base}/v1/runs"))
+        .send()
+        .await
+        .expect("GET /v1/runs");
+    assert_eq!(refused.status(), 401);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let started = http
+        .post(format!("{base}/v1/runs"))
+        .header("authorization", bearer)
+        .json(
+            &json!({"workflow": "examples.text_report", "input": {"text": "refund $5 to a@b.io"}}),
+        )
+        .send()
+        .await
+        .expect("POST /v1/runs");
+    assert_eq!(started.status(), 201);
+    let started: Value = started.json().await.expect("json");
+    let run = started["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{started}"))
         .to_owned();
     let mut last = Value::Null;
     for _ in 0..600 {
         last = http
-            .get(format!("{base}/runs/{run}"))
+            .get(format!("{base}/v1/runs/{run}"))
+            .header("authorization", bearer)
             .send()
             .await
             .expect("GET")
@@ -86,17 +115,51 @@ async fn embedding_example_serves_runs_over_http() {
     }
     assert_eq!(last["status"], json!("completed"), "{last}");
     assert_eq!(last["output"]["flagged"], json!(true));
+    let episode: Value = http
+        .get(format!("{base}/v1/runs/{run}/episode"))
+        .header("authorization", bearer)
+        .send()
+        .await
+        .expect("GET episode")
+        .json()
+        .await
+        .expect("json");
+    assert!(!episode.to_string().is_empty());
 
-    // Bad requests get specific answers.
+    // The custom clock is the host's: reading it counted.
+    let own: Value = http
+        .get(format!("{base}/service"))
+        .send()
+        .await
+        .expect("GET /service")
+        .json()
+        .await
+        .expect("json");
+    assert!(own["clock_reads"].as_u64().unwrap_or(0) > 0, "{own}");
+    assert_eq!(own["runs"], 1);
+
+    // Bad requests are the API's problems; a file path never runs.
     let bad = http
-        .post(format!("{base}/runs"))
-        .json(&json!({"workflow": fixture("examples/text-report.yaml"), "input": {"text": 5}}))
+        .post(format!("{base}/v1/runs"))
+        .header("authorization", bearer)
+        .json(&json!({"workflow": "examples.text_report", "input": {"text": 5}}))
         .send()
         .await
         .expect("POST");
     assert_eq!(bad.status(), 400);
+    let body: Value = bad.json().await.expect("json");
+    assert_eq!(body["type"], "https://poimen.dev/problems/input-invalid");
+    let file = http
+        .post(format!("{base}/v1/runs"))
+        .header("authorization", bearer)
+        .json(&json!({"workflow": fixture("examples/text-report.yaml"), "input": {"text": "x"}}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(file.status(), 400);
     let missing = http
-        .get(format!("{base}/runs/WFR-01JD0000000000000000000000"))
+        .get(format!("{base}/v1/runs/WFR-01JD0000000000000000000000"))
+        .header("authorization", bearer)
         .send()
         .await
         .expect("GET");

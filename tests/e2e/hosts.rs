@@ -13,14 +13,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poimen::store::{RunFilter, RunRecord, RunStatus, Store};
 use serde_json::{Value, json};
 
-use crate::support::Env;
+use crate::support::{Env, Served};
 
 const POLICY: &str = r#"
 [plugins.ledger]
@@ -28,6 +28,11 @@ fs-write = { "/ledger" = "./ledger" }
 
 [plugins.ledger-idempotent]
 fs-write = { "/ledger" = "./ledger" }
+
+# The spinning guest runs until cancelled: neither fuel nor its call's
+# time limit stops it first.
+[plugins.adv-spin]
+limits = { fuel = 1000000000000000, timeout-ms = 600000 }
 "#;
 
 /// A pure step, a fan-out with an idempotent effect in one branch, a
@@ -155,38 +160,6 @@ impl Drop for PgDb {
 }
 
 // ------------------------------------------------------------------ hosts
-
-/// A `poimen serve` process, killed when dropped.
-struct Served {
-    id: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Served {
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &self.pid()])
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill {sig} {}", self.id);
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn serve(env: &Env, store: &str, id: &str, ttl: &str) -> Served {
     serve_with(env, store, id, ttl, "5s")

@@ -3,11 +3,18 @@
 //! processes killed by SIGKILL, the MCP server driven by a real MCP client,
 //! and the embedding example. One test binary, so wasmtime links once.
 
+mod arming;
 mod cli;
 mod crash;
+mod deadlines;
 mod embed;
+mod gc;
+mod hostile;
 mod hosts;
+mod http;
 mod languages;
 mod mcp;
+mod policies;
 mod shadow;
 mod support;
+mod telemetry;

@@ -50,7 +50,7 @@ async fn record_baseline(host: &Host) -> String {
             "{:?}",
             out.reason
         );
-        let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+        let (rec, _) = host.status(&out.run).await.expect("status");
         version = Some(rec.version.to_string());
     }
     version.expect("a version")
@@ -344,7 +344,7 @@ async fn shadow_replays_recorded_model_answers_by_prompt_hash() {
         "{:?}",
         out.reason
     );
-    let (rec, _) = live.status(out.run.as_str()).await.expect("status");
+    let (rec, _) = live.status(&out.run).await.expect("status");
     drop(live);
     // A host with no model at all: replay needs none.
     let host = Host::builder()
@@ -412,7 +412,7 @@ async fn recorded_model_run(env: &Env, wf: &Path) -> (Host, String) {
         "{:?}",
         out.reason
     );
-    let (rec, _) = live.status(out.run.as_str()).await.expect("status");
+    let (rec, _) = live.status(&out.run).await.expect("status");
     drop(live);
     let host = Host::builder()
         .store_path(env.path().join(".poimen/poimen.db"))
@@ -499,7 +499,7 @@ async fn shadow_a_world_reading_tool_replays_the_baseline_unless_tools_live() {
         "{:?}",
         out.reason
     );
-    let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+    let (rec, _) = host.status(&out.run).await.expect("status");
     let baseline = rec.version.to_string();
     // The world changes after the baseline ran.
     std::fs::write(env.path().join("data/note.txt"), "a rewritten note").expect("note");
@@ -614,7 +614,7 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
     let j = host.judgments().await.expect("judgments").remove(0);
     let done = host
         .submit_judgment(
-            j.id.as_str(),
+            &j.id,
             poimen::JudgmentSubmission {
                 request_hash: j.request_hash.clone(),
                 result: json!({"ok": true}),
@@ -631,7 +631,7 @@ async fn shadow_replays_a_recorded_judgment_when_the_request_hash_matches() {
         "{:?}",
         done.reason
     );
-    let (rec, _) = host.status(done.run.as_str()).await.expect("status");
+    let (rec, _) = host.status(&done.run).await.expect("status");
     let baseline = rec.version.to_string();
 
     // The same request: the recorded answer is replayed.
@@ -722,7 +722,7 @@ rubric:
             )
             .await
             .expect("baseline run");
-        let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+        let (rec, _) = host.status(&out.run).await.expect("status");
         version = rec.version.to_string();
     }
     let report = host

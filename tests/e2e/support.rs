@@ -102,3 +102,58 @@ impl Env {
         (code, v)
     }
 }
+
+/// A `poimen serve` process, killed when dropped.
+pub struct Served {
+    pub id: String,
+    pub child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Served {
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &self.pid()])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig} {}", self.id);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Env {
+    /// `poimen ARGS… serve` with a short poll, as a background process
+    /// whose log is `ID.log` (killed when the value drops).
+    pub fn serve(&self, args: &[&str], id: &str) -> Served {
+        let log = self.path().join(format!("{id}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = self
+            .std_cmd()
+            .args(args)
+            .arg("serve")
+            .args(["--host-id", id, "--poll", "20ms", "--lease-ttl", "2s"])
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn poimen serve");
+        Served {
+            id: id.to_owned(),
+            child,
+            log,
+        }
+    }
+}

@@ -331,6 +331,13 @@ pub trait Clock: Send + Sync {
     fn now_ms(&self) -> i64;
     /// Waits (retry backoff).
     fn sleep(&self, duration: Duration) -> Sleep;
+    /// Waits until the clock reads `at_ms`: a timer (a deadline), which —
+    /// unlike [`sleep`](Clock::sleep) on a clock tests drive — never moves
+    /// the clock itself.
+    fn sleep_until(&self, at_ms: i64) -> Sleep {
+        let left = u64::try_from(at_ms.saturating_sub(self.now_ms())).unwrap_or(0);
+        self.sleep(Duration::from_millis(left))
+    }
 }
 
 /// The system clock.

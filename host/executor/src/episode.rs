@@ -79,6 +79,10 @@ pub struct ParentLink {
 pub struct PinnedTool {
     pub identity: ToolIdentity,
     pub effect: EffectClass,
+    /// A workflow registered as a tool: the version a call runs as a child
+    /// run (`identity.digest` names it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<WorkflowVersion>,
 }
 
 /// A sub-workflow step's child, pinned at the parent's start.
@@ -197,6 +201,12 @@ pub enum EpisodeEvent {
         /// a judgment never resolves `latest` again.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         subworkflows: BTreeMap<StepId, PinnedChild>,
+        /// The trace context of whoever started the run (an HTTP or MCP
+        /// caller's W3C `traceparent`), so that the host that drives it —
+        /// claimed from the queue, possibly elsewhere — continues that
+        /// trace. Telemetry only: volatile, never read by the run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace: Option<crate::kernel::TraceCarrier>,
     },
     /// A step execution began (a loop re-entry is a new iteration).
     StepStarted {
@@ -403,6 +413,18 @@ pub enum EpisodeEvent {
         request_id: poimen_store::JudgmentId,
         request_hash: String,
         request: Value,
+        /// When the request expires unanswered (the step's timeout, or the
+        /// policy's); absent: it waits until answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<i64>,
+    },
+    /// A judgment request's timeout passed without an answer; `fallback`
+    /// says what was done (`fail`, `answer`, `escalate`).
+    JudgmentExpired {
+        step: StepId,
+        iteration: u32,
+        request_id: poimen_store::JudgmentId,
+        fallback: String,
     },
     /// A judge's result passed validation.
     JudgmentReceived {
@@ -481,6 +503,7 @@ impl EpisodeEvent {
             EpisodeEvent::ChildRunFinished { .. } => "child_run_finished",
             EpisodeEvent::JudgmentRequested { .. } => "judgment_requested",
             EpisodeEvent::JudgmentReceived { .. } => "judgment_received",
+            EpisodeEvent::JudgmentExpired { .. } => "judgment_expired",
             EpisodeEvent::RunWaiting { .. } => "run_waiting",
             EpisodeEvent::RunBlocked { .. } => "run_blocked",
             EpisodeEvent::Reconciled { .. } => "reconciled",
@@ -535,6 +558,7 @@ impl EpisodeEvent {
             | E::ChildRunFinished { step, .. }
             | E::JudgmentRequested { step, .. }
             | E::JudgmentReceived { step, .. }
+            | E::JudgmentExpired { step, .. }
             | E::RunBlocked { step, .. }
             | E::Reconciled { step, .. } => Some(step),
             E::RunFailed { step, .. } | E::RubricScored { step, .. } => step.as_ref(),
@@ -674,6 +698,8 @@ pub const VOLATILE_FIELDS: &[&str] = &[
     "idempotency_key",
     // measured durations
     "latency_ms",
+    // the starter's trace context
+    "trace",
 ];
 
 /// Fields of a hostcall record (inside `record` of tool and verifier calls)
@@ -684,6 +710,8 @@ pub const VOLATILE_RECORD_FIELDS: &[&str] = &[
     // the guest's random seed derives from the idempotency key, and what a
     // guest does with random numbers (a hash map's layout) moves its fuel
     "fuel_consumed",
+    // and its memory (a map that grew one more time)
+    "memory_peak_bytes",
 ];
 
 /// Placeholder written over a volatile field.
@@ -882,6 +910,7 @@ mod tests {
             PinnedTool {
                 identity: tool.clone(),
                 effect: EffectClass::Idempotent,
+                workflow: None,
             },
         );
         let all = vec![
@@ -908,6 +937,10 @@ mod tests {
                         },
                     },
                 )]),
+                trace: Some(BTreeMap::from([(
+                    "traceparent".to_owned(),
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+                )])),
             },
             EpisodeEvent::ModelRequested {
                 step: s(),
@@ -1102,6 +1135,13 @@ mod tests {
                 request_id: jid.clone(),
                 request_hash: "b3:0a".into(),
                 request: json!({"q": 1}),
+                expires_at: Some(5),
+            },
+            EpisodeEvent::JudgmentExpired {
+                step: s(),
+                iteration: 1,
+                request_id: jid.clone(),
+                fallback: "escalate".into(),
             },
             EpisodeEvent::JudgmentReceived {
                 step: s(),
@@ -1150,7 +1190,7 @@ mod tests {
         kinds.dedup();
         assert_eq!(kinds.len(), all.len(), "one event of each kind");
         // Every kind `EpisodeEvent::kind` knows: add a new kind above.
-        assert_eq!(kinds.len(), 29);
+        assert_eq!(kinds.len(), 30);
         for event in all {
             let body = event.body();
             assert!(body.get("unencodable").is_none(), "{body}");

@@ -31,6 +31,45 @@ pub struct ExecutorConfig {
     /// How long a lease lasts from its last renewal, in milliseconds. A
     /// driving host renews every third of it.
     pub lease_ttl_ms: i64,
+    /// Whether a workflow that does not say `durable` keeps its runs in the
+    /// store (the host policy's `durability.work`; default yes).
+    pub durable_by_default: bool,
+    /// How long a judgment step without a `timeout` waits (the policy's
+    /// `judgment.timeout-ms`; `None`: until answered).
+    pub judgment_timeout: Option<std::time::Duration>,
+    /// What a judgment step without an `on_timeout` does when it expires
+    /// (the policy's `judgment.on-timeout`; `None`: it fails).
+    pub judgment_fallback: Option<poimen_workflow::JudgmentFallback>,
+    /// Largest output a step or a run may produce, in canonical JSON bytes
+    /// (the policy's `bounds.output-bytes`).
+    pub output_bytes: Option<u64>,
+    /// Step executions at once, and the queue depths at which new runs
+    /// are shed.
+    pub scheduler: crate::sched::SchedulerConfig,
+    /// Continues the trace of whoever started a run, when the run is
+    /// driven outside the starter's span (claimed from the queue, taken
+    /// over, resumed): given the `run` span and the trace context recorded
+    /// in its `run_started`. `None`: a run's span is a child of whatever
+    /// span drives it.
+    pub trace_parent: Option<TraceParent>,
+}
+
+/// A caller's trace context as its propagator's fields (for W3C trace
+/// context, `traceparent` and `tracestate`), recorded with a run's start.
+pub type TraceCarrier = std::collections::BTreeMap<String, String>;
+
+/// Makes a run's span continue the trace in a [`TraceCarrier`] (the
+/// embedder's tracing bridge does it: this crate only makes spans).
+#[derive(Clone)]
+pub struct TraceParent(pub Arc<TraceParentFn>);
+
+/// What a [`TraceParent`] calls: the run's span, and the recorded carrier.
+pub type TraceParentFn = dyn Fn(&tracing::Span, &TraceCarrier) + Send + Sync;
+
+impl std::fmt::Debug for TraceParent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceParent")
+    }
 }
 
 impl ExecutorConfig {
@@ -48,6 +87,12 @@ impl Default for ExecutorConfig {
         ExecutorConfig {
             host_id: "local".to_owned(),
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            durable_by_default: true,
+            judgment_timeout: None,
+            judgment_fallback: None,
+            output_bytes: None,
+            scheduler: crate::sched::SchedulerConfig::default(),
+            trace_parent: None,
         }
     }
 }
@@ -64,6 +109,8 @@ pub(crate) struct Kernel {
     pub config: ExecutorConfig,
     /// Runs this host is driving, with the scope that cancels each.
     active: Mutex<HashMap<RunId, RunScope>>,
+    /// Workers for step executions, and the pressure they are under.
+    pub sched: Arc<crate::sched::Scheduler>,
 }
 
 impl Kernel {
@@ -82,6 +129,7 @@ impl Kernel {
             models,
             clock,
             loader,
+            sched: Arc::new(crate::sched::Scheduler::new(config.scheduler)),
             config,
             active: Mutex::new(HashMap::new()),
         }
@@ -103,6 +151,17 @@ impl Kernel {
     /// The scope of a run this host is driving.
     pub fn driving(&self, run: &RunId) -> Option<RunScope> {
         self.active().get(run).cloned()
+    }
+
+    /// Where a new top-level run of `def` lives: the durable store, or
+    /// memory, as the workflow says or, when it does not, this host's
+    /// default.
+    pub fn store_for(&self, def: &poimen_workflow::WorkflowDef) -> &Arc<dyn Store> {
+        if def.durable.unwrap_or(self.config.durable_by_default) {
+            &self.store
+        } else {
+            &self.memory
+        }
     }
 
     /// The store that holds a run, and its record.

@@ -67,6 +67,15 @@ impl Tenure {
                     Ok(renewed) => *tenure.lock() = renewed,
                     // Taken over: this host's next commit is refused, which
                     // halts the walk; nothing to renew any more.
+                    // Taken back by this host itself, under a newer tenure
+                    // (this drive fell so far behind that its lease expired
+                    // and the serve loop claimed the run again): the run's
+                    // registered scope is the newer drive's, which must go
+                    // on. This drive's own next commit is refused.
+                    Err(StoreError::LeaseLost {
+                        holder: Some(holder),
+                        ..
+                    }) if holder.owner == current.owner => return,
                     Err(StoreError::LeaseLost {
                         holder: Some(holder),
                         ..

@@ -26,6 +26,7 @@ pub mod model;
 pub mod render;
 mod run;
 pub mod runnable;
+pub mod sched;
 pub mod schema;
 pub mod scope;
 pub mod state;
@@ -45,9 +46,12 @@ pub use episode::{
     Episode, EpisodeEvent, PinnedChild, PinnedTool, Pins, Receipt, Reconciliation, StepStatus,
     VOLATILE_FIELDS, canonical_order, normalize, structure,
 };
-pub use kernel::{DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH};
+pub use kernel::{
+    DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH, TraceCarrier, TraceParent,
+};
 pub use run::{Inconsistency, RunOutcome, Started, judgment_id};
 pub use runnable::{Runnable, WorkflowLoader};
+pub use sched::{Pressure, SchedulerConfig, SchedulerStats};
 pub use schema::Violations;
 pub use scope::{RunScope, TenantId};
 pub use state::{RunState, assert_refold_identical, refold};

@@ -173,9 +173,77 @@ pub fn eval_predicate(predicate: &str, ctx: &Value) -> Result<bool, RenderError>
             context.add_variable_from_value(name.clone(), v);
         }
     }
-    match program.execute(&context).map_err(|e| err(e.to_string()))? {
+    match program
+        .execute(&context)
+        .map_err(|e| err(execution_error(&e)))?
+    {
         cel::Value::Bool(b) => Ok(b),
-        other => Err(err(format!("it gave {other:?}, not true or false"))),
+        other => Err(err(format!("it gave {}, not true or false", show(&other)))),
+    }
+}
+
+/// A CEL evaluation error in words, the same on every evaluation: the
+/// failure is recorded, and CEL's own messages show a map's entries in the
+/// order of its hash map, which differs from one evaluation to the next.
+#[allow(deprecated)] // matched so that they too are shown deterministically
+fn execution_error(e: &cel::ExecutionError) -> String {
+    use cel::ExecutionError as X;
+    match e {
+        X::UnsupportedTargetType { target } => format!("Invalid argument type: {}", show(target)),
+        X::NotSupportedAsMethod { method, target } => {
+            format!("Method '{method}' not supported on type '{}'", show(target))
+        }
+        X::UnsupportedKeyType(v) => format!("Unable to use value '{}' as a key", show(v)),
+        X::ValuesNotComparable(a, b) => {
+            format!("{} can not be compared to {}", show(a), show(b))
+        }
+        X::UnsupportedUnaryOperator(op, v) => {
+            format!("Unsupported unary operator '{op}': {}", show(v))
+        }
+        X::UnsupportedBinaryOperator(op, a, b) => {
+            format!(
+                "Unsupported binary operator '{op}': {}, {}",
+                show(a),
+                show(b)
+            )
+        }
+        X::UnsupportedMapIndex(v) => format!("Cannot use value as map index: {}", show(v)),
+        X::UnsupportedListIndex(v) => format!("Cannot use value as list index: {}", show(v)),
+        X::UnsupportedIndex(a, b) => format!("Cannot use value {} to index {}", show(a), show(b)),
+        X::DivisionByZero(v) => format!("Division by zero of {}", show(v)),
+        X::RemainderByZero(v) => format!("Remainder by zero of {}", show(v)),
+        X::Overflow(op, a, b) => {
+            format!(
+                "Overflow from binary operator '{op}': {}, {}",
+                show(a),
+                show(b)
+            )
+        }
+        X::IndexOutOfBounds(v) => format!("Index out of bounds: {}", show(v)),
+        X::DuplicateKey(v) => format!("Failed with repeated key: {}", show(v)),
+        other => other.to_string(),
+    }
+}
+
+/// A CEL value as its `Debug` form shows it, but with a map's entries
+/// sorted, so that it reads the same every time.
+fn show(v: &cel::Value) -> String {
+    use cel::Value as V;
+    match v {
+        V::List(items) => format!(
+            "[{}]",
+            items.iter().map(show).collect::<Vec<_>>().join(", ")
+        ),
+        V::Map(m) => {
+            let mut entries: Vec<String> = m
+                .map
+                .iter()
+                .map(|(k, v)| format!("{k:?}: {}", show(v)))
+                .collect();
+            entries.sort();
+            format!("{{{}}}", entries.join(", "))
+        }
+        other => format!("{other:?}"),
     }
 }
 

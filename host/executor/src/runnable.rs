@@ -64,6 +64,7 @@ fn pins_of(v: &Validated) -> Pins {
                     PinnedTool {
                         identity: identity(info),
                         effect: info.effect,
+                        workflow: info.workflow,
                     },
                 )
             })

@@ -32,10 +32,23 @@ impl std::fmt::Display for TenantId {
 /// Why a scope stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
-    /// The run was cancelled.
+    /// The run was cancelled (or interrupted: see [`RunScope::interruption`]).
     RunCancelled,
     /// This branch lost its join (the run goes on).
     Lost,
+}
+
+/// Why a run was stopped from within, rather than cancelled by request: a
+/// limit of the workflow, or its version retired. The walk records it as
+/// the run's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interruption {
+    /// `limits.deadline` passed.
+    Deadline { elapsed_ms: u64, limit_ms: u64 },
+    /// `budget.wall_time` was spent (waiting excluded).
+    WallTime { active_ms: u64, budget_ms: u64 },
+    /// The run's version was unloaded with a drain timeout, which passed.
+    Unloaded { deadline_ms: i64 },
 }
 
 /// Cancellation scope of a run or of one branch inside it.
@@ -45,6 +58,9 @@ pub struct RunScope {
     pub run: String,
     run_token: CancellationToken,
     own: CancellationToken,
+    /// Why the run was interrupted, if it was: shared by every scope of the
+    /// run (not by its child runs, which end with their parent's cancel).
+    why: std::sync::Arc<std::sync::OnceLock<Interruption>>,
 }
 
 impl RunScope {
@@ -56,6 +72,7 @@ impl RunScope {
             run: run.into(),
             own: run_token.clone(),
             run_token,
+            why: Default::default(),
         }
     }
 
@@ -67,6 +84,7 @@ impl RunScope {
             run: self.run.clone(),
             run_token: self.run_token.clone(),
             own: self.own.child_token(),
+            why: self.why.clone(),
         }
     }
 
@@ -78,12 +96,24 @@ impl RunScope {
             run: run.into(),
             own: token.clone(),
             run_token: token,
+            why: Default::default(),
         }
     }
 
     /// Cancels the whole run.
     pub fn cancel_run(&self) {
         self.run_token.cancel();
+    }
+
+    /// Stops the whole run because of `why` (the first reason given wins).
+    pub fn interrupt(&self, why: Interruption) {
+        let _ = self.why.set(why);
+        self.run_token.cancel();
+    }
+
+    /// Why the run was interrupted, if it was (rather than cancelled).
+    pub fn interruption(&self) -> Option<&Interruption> {
+        self.why.get()
     }
 
     /// Cancels only this scope (a branch that lost).
@@ -129,6 +159,37 @@ mod tests {
         assert_eq!(
             b.guard(std::future::pending::<()>()).await,
             Err(Stop::RunCancelled)
+        );
+        assert_eq!(run.interruption(), None, "cancelled, not interrupted");
+    }
+
+    #[tokio::test]
+    async fn an_interruption_stops_every_branch_and_says_why_the_first_time() {
+        let run = RunScope::root(TenantId::default(), "WFR-1");
+        let branch = run.branch();
+        let child = run.child_run("WFR-2");
+        branch.interrupt(Interruption::Deadline {
+            elapsed_ms: 11,
+            limit_ms: 10,
+        });
+        run.interrupt(Interruption::Unloaded { deadline_ms: 5 });
+        assert_eq!(branch.stopped(), Some(Stop::RunCancelled));
+        assert_eq!(
+            child.stopped(),
+            Some(Stop::RunCancelled),
+            "children end with it"
+        );
+        assert_eq!(
+            run.interruption(),
+            Some(&Interruption::Deadline {
+                elapsed_ms: 11,
+                limit_ms: 10
+            })
+        );
+        assert_eq!(
+            child.interruption(),
+            None,
+            "a child run is cancelled, not interrupted"
         );
     }
 }

@@ -43,6 +43,9 @@ pub struct AttemptRecord {
     /// The model's recorded answer (text) or failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<Result<String, Failure>>,
+    /// The tokens the provider reported for that answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_tokens: Option<u64>,
     /// The verifiers' recorded verdicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdicts: Option<Vec<VerdictRecord>>,
@@ -130,6 +133,16 @@ pub struct JudgmentState {
     pub request_hash: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// When the open request expires unanswered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// Requests of this attempt that expired (an escalation asks again).
+    #[serde(default, skip_serializing_if = "u32_is_zero")]
+    pub expired: u32,
+}
+
+fn u32_is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Resources a run has used, charged against its budget.
@@ -172,6 +185,10 @@ pub struct RunState {
     pub output: Option<Value>,
     /// Milliseconds of the run's start.
     pub started_at: i64,
+    /// The starter's trace context (`run_started`'s `trace`): telemetry
+    /// only, not part of the state shown.
+    #[serde(skip)]
+    pub trace: Option<crate::kernel::TraceCarrier>,
     /// Milliseconds since which the run has been waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<i64>,
@@ -251,8 +268,10 @@ impl RunState {
                 tools,
                 verifiers,
                 subworkflows,
+                trace,
                 ..
             } => {
+                self.trace = trace.clone();
                 self.subworkflows = subworkflows.clone();
                 self.workflow_id = Some(workflow_id.clone());
                 self.version = Some(*version);
@@ -308,6 +327,7 @@ impl RunState {
                 self.charge(*usage);
                 let current = &mut self.step_mut(step).current;
                 current.model = Some(Ok(text.clone()));
+                current.model_tokens = Some(usage.total());
                 current.action = Some(format!("model:{provider}/{model}"));
                 current.input_hash = Some(prompt.clone());
             }
@@ -448,15 +468,25 @@ impl RunState {
                 step,
                 request_id,
                 request_hash,
+                expires_at,
                 ..
             } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Waiting;
+                let expired = s.judgment.as_ref().map_or(0, |j| j.expired);
                 s.judgment = Some(JudgmentState {
                     request_id: request_id.clone(),
                     request_hash: request_hash.clone(),
                     result: None,
+                    expires_at: *expires_at,
+                    expired,
                 });
+            }
+            EpisodeEvent::JudgmentExpired { step, .. } => {
+                if let Some(j) = self.step_mut(step).judgment.as_mut() {
+                    j.expired += 1;
+                    j.expires_at = None;
+                }
             }
             EpisodeEvent::JudgmentReceived { step, result, .. } => {
                 let s = self.step_mut(step);

@@ -101,15 +101,19 @@ impl Clock for ManualClock {
     fn sleep(&self, duration: Duration) -> Sleep {
         lock(&self.slept).push(duration);
         if self.auto {
-            self.now.fetch_add(millis(duration), Ordering::SeqCst);
+            // Time passes for whoever sleeps — and for every timer.
+            self.advance(duration);
             return Box::pin(std::future::ready(()));
         }
-        let until = self.now_ms().saturating_add(millis(duration));
-        if until <= self.now_ms() {
+        self.sleep_until(self.now_ms().saturating_add(millis(duration)))
+    }
+
+    fn sleep_until(&self, at_ms: i64) -> Sleep {
+        if at_ms <= self.now_ms() {
             return Box::pin(std::future::ready(()));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        lock(&self.sleepers).push((until, tx));
+        lock(&self.sleepers).push((at_ms, tx));
         Box::pin(async move {
             let _ = rx.await;
         })
@@ -126,6 +130,9 @@ enum Act {
     Answer(Arc<Behaviour>),
     /// Never answers; only dropping the call ends it.
     Hang,
+    /// Waits for a pass through the gate ([`ScriptedTools::open_gate`]),
+    /// then echoes.
+    Gated,
 }
 
 /// Tools and verifiers answered by closures, with every call recorded.
@@ -137,6 +144,7 @@ pub struct ScriptedTools {
     calls: Mutex<Vec<ToolCall>>,
     per_tool: Mutex<BTreeMap<String, u32>>,
     in_flight: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for ScriptedTools {
@@ -169,6 +177,8 @@ fn info(name: &str, effect: EffectClass) -> ToolInfo {
         output_schema: Value::Bool(true),
         capabilities: Vec::new(),
         effect,
+        max_timeout_ms: None,
+        workflow: None,
     }
 }
 
@@ -182,6 +192,7 @@ impl ScriptedTools {
             calls: Mutex::new(Vec::new()),
             per_tool: Mutex::new(BTreeMap::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
         }
     }
 
@@ -220,6 +231,30 @@ impl ScriptedTools {
         self.tools.insert(info(name, EffectClass::Pure));
         self.acts.insert(name.to_owned(), Act::Hang);
         self
+    }
+
+    /// A workflow registered as the tool `name`: a call runs `version` as
+    /// a child run (the version must be added to the loader).
+    pub fn workflow_tool(mut self, name: &str, version: WorkflowVersion) -> ScriptedTools {
+        let mut i = info(name, EffectClass::Idempotent);
+        i.version = semver::Version::new(0, 0, 0);
+        i.digest = version.to_string();
+        i.workflow = Some(version);
+        self.tools.insert(i);
+        self
+    }
+
+    /// A tool whose calls wait at a gate: each call goes through once the
+    /// test lets one more pass ([`ScriptedTools::open_gate`]), then echoes.
+    pub fn gated(mut self, name: &str) -> ScriptedTools {
+        self.tools.insert(info(name, EffectClass::Pure));
+        self.acts.insert(name.to_owned(), Act::Gated);
+        self
+    }
+
+    /// Lets `n` more calls of gated tools through.
+    pub fn open_gate(&self, n: usize) {
+        self.gate.add_permits(n);
     }
 
     /// A tool whose every call outlasts the time limit it is given: it
@@ -304,6 +339,13 @@ impl ToolHost for ScriptedTools {
         let outcome = match self.acts.get(&call.tool.name) {
             Some(Act::Answer(answer)) => answer(&call, n),
             Some(Act::Hang) => std::future::pending().await,
+            Some(Act::Gated) => match self.gate.acquire().await {
+                Ok(pass) => {
+                    pass.forget();
+                    Ok(call.args.clone())
+                }
+                Err(_) => Err(Failure::new(FailureClass::Unavailable, "the gate closed")),
+            },
             None => Err(Failure::new(
                 FailureClass::Unavailable,
                 format!("tool `{}` is not scripted", call.tool.name),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use poimen_executor::model::{Rule, ScriptedProvider};
 use poimen_executor::testing::{ManualClock, MemoryLoader, ScriptedTools};
 use poimen_executor::{
-    Executor, ExecutorConfig, FailureClass, JudgmentSubmission, RunOutcome, StartOptions,
+    Executor, ExecutorConfig, FailureClass, JudgmentSubmission, Pressure, RunOutcome, StartOptions,
     StepStatus, Verdict, assert_refold_identical, structure,
 };
 use poimen_store::{IntentPhase, MemoryStore, RunStatus, Store};
@@ -23,6 +23,18 @@ use poimen_workflow::*;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------- harness
+
+/// Waits until a tool call is in flight (a bounded wait: a run that never
+/// makes its call fails the test instead of hanging it).
+async fn until_in_flight(tools: &ScriptedTools) {
+    for _ in 0..100_000 {
+        if tools.in_flight() > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("no tool call was ever in flight");
+}
 
 struct Kernel {
     store: Arc<MemoryStore>,
@@ -32,8 +44,28 @@ struct Kernel {
     exec: Executor,
 }
 
+/// A child workflow around a call that hangs.
+fn hangs() -> WorkflowDef {
+    WorkflowDef::new("t.hangs")
+        .with_step(StepDef::tool("c", r("hang"), json!(null)).with_timeout(Millis(600_000)))
+}
+
+/// A child workflow that answers its input back through `echo`.
+fn echoes() -> WorkflowDef {
+    WorkflowDef::new("t.echoes").with_step(StepDef::tool(
+        "c",
+        r("echo"),
+        json!({"got": "{{ inputs.n }}"}),
+    ))
+}
+
 fn tools() -> ScriptedTools {
     ScriptedTools::new()
+        .workflow_tool("t.hangs", poimen_workflow::canonical::version_of(&hangs()))
+        .workflow_tool(
+            "t.echoes",
+            poimen_workflow::canonical::version_of(&echoes()),
+        )
         .echo("echo")
         .flaky("flaky", 2, FailureClass::Failed)
         .flaky("broken", u32::MAX, FailureClass::Failed)
@@ -641,9 +673,7 @@ async fn walk_cancel_in_flight_stops_the_guest_and_closes_the_intent() {
     let k = kernel();
     let def = WorkflowDef::new("t.hang").with_step(StepDef::tool("a", r("hang"), json!(null)));
     let (run, driver) = k.start_driven(&def).await;
-    while k.tools.in_flight() == 0 {
-        tokio::task::yield_now().await;
-    }
+    until_in_flight(&k.tools).await;
     let rec = k.exec.cancel(&run, "test").await.expect("cancel");
     assert_eq!(rec.status, RunStatus::Cancelled);
     let out = driver.await.expect("driver").expect("outcome");
@@ -1177,5 +1207,708 @@ async fn walk_a_retried_judgment_opens_a_new_request_and_completes() {
         .expect("answered");
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     assert_eq!(out.output, Some(json!({"ok": true})));
+    k.check_refold(&out).await;
+}
+
+// ------------------------------------------------ predicates at the limit
+
+/// The validator refuses predicates nested deeper than
+/// `MAX_PREDICATE_DEPTH` (fuzzing found a 2 000-level one, within the byte
+/// limit, that overflowed a worker thread's stack when evaluated, aborting
+/// the host): one exactly at the limit evaluates on a thread with a tokio
+/// worker's 2 MiB stack, as a conditional's `on` and as a loop's `when`.
+#[test]
+fn walk_a_predicate_at_the_depth_limit_evaluates_on_a_worker_stack() {
+    // `_==_` over a chain of additions: one level per term, one for `==`.
+    let terms = poimen_workflow::validate::MAX_PREDICATE_DEPTH - 1;
+    let predicate = format!("{} == {terms}", vec!["1"; terms].join(" + "));
+    let def = WorkflowDef::new("t.deep")
+        .with_step(StepDef::tool("a", r("echo"), json!(1)))
+        .with_step(StepDef::conditional("route", predicate.as_str(), "yes"))
+        .with_step(StepDef::tool("yes", r("echo"), json!("took yes")))
+        .with_edge("a", "route")
+        .with_loop(
+            "route",
+            "a",
+            NonZeroU32::new(1).expect("1"),
+            Some(predicate.as_str()),
+        );
+    let status = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async {
+                    let k = kernel();
+                    let out = k.run(&def, json!({})).await;
+                    (out.status, out.reason)
+                })
+        })
+        .expect("thread")
+        .join()
+        .expect("evaluated without overflowing the stack");
+    assert_eq!(status.0, RunStatus::Completed, "{:?}", status.1);
+}
+
+/// A predicate that fails to give a boolean fails its step with the same
+/// reason on every run: fuzzing found that the reason showed maps with
+/// their entries in hash order (a map instead of a boolean, a map in an
+/// operator CEL refuses), so two runs of one workflow recorded different
+/// failures. Inputs: `fixtures/fuzz/predicates/`, one predicate per file.
+#[tokio::test]
+async fn walk_a_predicate_that_is_not_a_boolean_fails_the_same_way_every_time() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/fuzz/predicates");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures/fuzz/predicates")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "regression inputs in {}", dir.display());
+    for file in files {
+        let predicate = std::fs::read_to_string(&file).expect("regression input");
+        failing_predicate_is_deterministic(predicate.trim()).await;
+    }
+}
+
+async fn failing_predicate_is_deterministic(predicate: &str) {
+    let def = WorkflowDef::new("t.notbool")
+        .with_step(StepDef::conditional("route", predicate, "yes"))
+        .with_step(StepDef::tool("yes", r("echo"), json!(1)));
+    let input = json!({"alpha": 1, "beta": 2, "gamma": 3, "delta": 4, "epsilon": 5, "zeta": 6});
+    let mut reasons = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let out = kernel().run(&def, input.clone()).await;
+        assert_eq!(out.status, RunStatus::Failed);
+        reasons.insert(out.reason.unwrap_or_default());
+    }
+    assert_eq!(reasons.len(), 1, "{predicate}: {reasons:#?}");
+    let reason = reasons.pop_first().unwrap_or_default();
+    assert!(reason.contains("predicate"), "{predicate}: {reason}");
+}
+
+// ------------------------------------------------------ timers and limits
+
+fn expiring(fallback: Option<JudgmentFallback>) -> WorkflowDef {
+    let mut judgment =
+        JudgmentStep::new("Refund?", json!({"type": "boolean"})).with_executor("human");
+    judgment.on_timeout = fallback;
+    let mut step =
+        StepDef::judgment("ok", "Refund?", json!({"type": "boolean"})).with_timeout(Millis(1_000));
+    step.kind = StepKind::Judgment(judgment);
+    WorkflowDef::new("t.expiring").with_step(step)
+}
+
+/// Starts `def` on a clock that moves only when told, waits for it to halt
+/// waiting, and moves the clock past its judgment's timeout.
+async fn expired(k: &Kernel, def: &WorkflowDef) -> RunOutcome {
+    let out = k.run(def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment, "{:?}", out.reason);
+    // The timer is in the store: whichever host serves it looks again then.
+    let rec = k.store.run(&out.run).await.expect("read").expect("run");
+    assert_eq!(rec.wake_at, Some(5_000 + 1_000));
+    // Not yet: driven again, it stays waiting.
+    let early = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(early.status, RunStatus::WaitingJudgment);
+    k.clock.advance(Duration::from_millis(1_000));
+    out
+}
+
+#[tokio::test]
+async fn walk_a_judgment_that_expires_fails_or_takes_its_fallback_answer() {
+    // fail
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let out = expired(&k, &expiring(Some(JudgmentFallback::Fail))).await;
+    let request = k.exec.open_judgments().await.expect("open").remove(0);
+    // A serving host claims the run when its timer comes, and drives it.
+    let claimed = k.exec.claim_runnable(10).await.expect("claim");
+    assert_eq!(claimed.len(), 1);
+    let (rec, lease) = claimed.into_iter().next().expect("one");
+    let out2 = k.exec.drive_claimed(&rec.id, lease).await.expect("drive");
+    assert_eq!(out2.run, out.run);
+    assert_eq!(out2.status, RunStatus::Failed);
+    let reason = out2.reason.clone().unwrap_or_default();
+    assert!(reason.contains("got no answer within 1000 ms"), "{reason}");
+    assert!(k.exec.open_judgments().await.expect("open").is_empty());
+    let stored = k.exec.judgment(request.id.as_str()).await.expect("request");
+    assert_eq!(stored.status, poimen_store::JudgmentStatus::Expired);
+    assert!(
+        k.structure(&out2)
+            .await
+            .iter()
+            .any(|e| e.contains("judgment_expired")),
+        "recorded"
+    );
+    k.check_refold(&out2).await;
+
+    // answer
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let out = expired(&k, &expiring(Some(JudgmentFallback::Answer(json!(false))))).await;
+    let out = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(out.output, Some(json!(false)));
+    let episode = k.exec.episode(&out.run).await.expect("episode");
+    let received = episode
+        .events
+        .iter()
+        .find_map(|e| match &e.event {
+            poimen_executor::EpisodeEvent::JudgmentReceived { provenance, .. } => {
+                Some(provenance.clone())
+            }
+            _ => None,
+        })
+        .expect("the fallback answer is recorded as received");
+    assert_eq!(received, json!({"fallback": "on_timeout"}));
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_an_expired_judgment_escalates_once_then_fails() {
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let out = expired(
+        &k,
+        &expiring(Some(JudgmentFallback::Escalate {
+            executor: Some("ai-collab".into()),
+            profile: None,
+        })),
+    )
+    .await;
+    let first = k.exec.open_judgments().await.expect("open").remove(0);
+    let out = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(out.status, RunStatus::WaitingJudgment, "{:?}", out.reason);
+    let open = k.exec.open_judgments().await.expect("open");
+    assert_eq!(open.len(), 1, "the first request expired, a second is open");
+    let second = &open[0];
+    assert_ne!(second.id, first.id);
+    assert_eq!(second.request["executor"], json!("ai-collab"));
+    assert_eq!(
+        k.store
+            .run(&out.run)
+            .await
+            .expect("read")
+            .expect("run")
+            .wake_at,
+        Some(6_000 + 1_000),
+        "the escalated request has the same timeout, from now"
+    );
+    // Nobody answers the escalated request either: the step fails.
+    k.clock.advance(Duration::from_millis(1_000));
+    let out = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(out.status, RunStatus::Failed, "{:?}", out.reason);
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_a_deadline_and_a_wall_time_budget_interrupt_a_call_in_flight() {
+    for (limits, budget, words) in [
+        (
+            Limits {
+                deadline: Some(Millis(5_000)),
+                ..Limits::default()
+            },
+            BudgetDef::default(),
+            "deadline exceeded",
+        ),
+        (
+            Limits::default(),
+            BudgetDef {
+                wall_time: Some(Millis(3_000)),
+                ..BudgetDef::default()
+            },
+            "wall time",
+        ),
+    ] {
+        let k = kernel_with(tools(), ManualClock::new(5_000));
+        let def = WorkflowDef::new("t.deadline")
+            .with_limits(limits)
+            .with_budget(budget)
+            .with_step(StepDef::tool("a", r("hang"), json!(null)).with_timeout(Millis(600_000)));
+        let (_, driver) = k.start_driven(&def).await;
+        until_in_flight(&k.tools).await;
+        k.clock.advance(Duration::from_millis(2_000));
+        tokio::task::yield_now().await;
+        assert_eq!(k.tools.in_flight(), 1, "not before the limit");
+        k.clock.advance(Duration::from_millis(4_000));
+        let out = tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .expect("the limit interrupts the run")
+            .expect("driver")
+            .expect("outcome");
+        assert_eq!(out.status, RunStatus::Failed);
+        let reason = out.reason.clone().unwrap_or_default();
+        assert!(reason.contains(words), "{reason}");
+        assert_eq!(k.tools.in_flight(), 0, "the call was dropped");
+        assert_eq!(
+            k.phases(&out, "a").await,
+            [
+                IntentPhase::Pending,
+                IntentPhase::Dispatched,
+                IntentPhase::Abandoned
+            ]
+        );
+        k.check_refold(&out).await;
+    }
+}
+
+#[tokio::test]
+async fn walk_a_waiting_run_fails_when_its_deadline_passes() {
+    let k = kernel_with(tools(), ManualClock::new(5_000));
+    let def = WorkflowDef::new("t.waits")
+        .with_limits(Limits {
+            deadline: Some(Millis(10_000)),
+            ..Limits::default()
+        })
+        .with_step(StepDef::judgment(
+            "ok",
+            "Refund?",
+            json!({"type": "boolean"}),
+        ));
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment);
+    assert_eq!(
+        k.store
+            .run(&out.run)
+            .await
+            .expect("read")
+            .expect("run")
+            .wake_at,
+        Some(15_000),
+        "no request timeout: the deadline is the timer"
+    );
+    k.clock.advance(Duration::from_millis(10_000));
+    let out = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(out.status, RunStatus::Failed);
+    assert!(
+        out.reason
+            .clone()
+            .unwrap_or_default()
+            .contains("deadline exceeded"),
+        "{:?}",
+        out.reason
+    );
+    k.check_refold(&out).await;
+}
+
+#[tokio::test]
+async fn walk_a_bounded_group_step_stops_what_it_runs_at_its_timeout() {
+    // A fan-out, a choice, a child run and a workflow called as a tool,
+    // each around a call that hangs.
+    let child = hangs();
+    let cases: Vec<(&str, WorkflowDef)> = vec![
+        (
+            "parallel",
+            WorkflowDef::new("t.fan")
+                .with_step(StepDef::parallel("fan", ["x", "y"]).with_timeout(Millis(2_000)))
+                .with_step(StepDef::tool("x", r("echo"), json!(1)))
+                .with_step(StepDef::tool("y", r("hang"), json!(2)).with_timeout(Millis(600_000))),
+        ),
+        (
+            "conditional",
+            WorkflowDef::new("t.choice")
+                .with_step(StepDef::conditional("pick", "true", "y").with_timeout(Millis(2_000)))
+                .with_step(StepDef::tool("y", r("hang"), json!(2)).with_timeout(Millis(600_000))),
+        ),
+        (
+            "workflow",
+            WorkflowDef::new("t.parent")
+                .with_step(StepDef::sub_workflow("call", "t.hangs").with_timeout(Millis(2_000))),
+        ),
+        (
+            "workflow tool",
+            WorkflowDef::new("t.tooled").with_step(
+                StepDef::tool("call", ToolRef::any("t.hangs"), json!({}))
+                    .with_timeout(Millis(2_000)),
+            ),
+        ),
+    ];
+    for (kind, def) in cases {
+        let k = kernel_with(tools(), ManualClock::new(5_000));
+        k.add(&child);
+        let (_, driver) = k.start_driven(&def).await;
+        until_in_flight(&k.tools).await;
+        k.clock.advance(Duration::from_millis(1_999));
+        tokio::task::yield_now().await;
+        assert_eq!(k.tools.in_flight(), 1, "{kind}: not before the timeout");
+        k.clock.advance(Duration::from_millis(1));
+        let out = tokio::time::timeout(Duration::from_secs(10), driver)
+            .await
+            .unwrap_or_else(|_| panic!("{kind}: the timeout stops the step"))
+            .expect("driver")
+            .expect("outcome");
+        assert_eq!(out.status, RunStatus::Failed, "{kind}");
+        let reason = out.reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("did not finish within its timeout of 2000 ms"),
+            "{kind}: {reason}"
+        );
+        assert_eq!(k.tools.in_flight(), 0, "{kind}: the call was dropped");
+        k.check_refold(&out).await;
+        if kind.starts_with("workflow") {
+            let link = out.state.steps[&StepId::from("call")]
+                .child
+                .clone()
+                .expect("linked");
+            let child = k.exec.status(&link.run).await.expect("child");
+            assert_eq!(
+                child.status,
+                RunStatus::Cancelled,
+                "the child was cancelled"
+            );
+        } else {
+            let hung = &out.state.steps[&StepId::from("y")];
+            assert!(
+                matches!(hung.status, StepStatus::Lost | StepStatus::Cancelled),
+                "{kind}: the stopped branch is recorded: {:?}",
+                hung.status
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn walk_a_model_call_over_limits_tokens_fails_its_step() {
+    let k = kernel();
+    let def = |tokens: u64| {
+        WorkflowDef::new("t.tokens")
+            .with_limits(Limits {
+                tokens: Some(tokens),
+                ..Limits::default()
+            })
+            .with_step(StepDef::model("ask", "one two three four five six"))
+    };
+    // Six words in, one out (the scripted provider counts words).
+    let out = k.run(&def(5), json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("used 7 tokens, over the workflow's `limits.tokens` of 5"),
+        "{reason}"
+    );
+    let out = k.run(&def(7), json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+}
+
+#[tokio::test]
+async fn walk_the_policys_output_bound_fails_a_step_and_a_run_over_it() {
+    let store = Arc::new(MemoryStore::new());
+    let tools = Arc::new(tools());
+    let loader = MemoryLoader::new();
+    let exec = Executor::new(
+        store.clone(),
+        tools.clone(),
+        Arc::new(ScriptedProvider::new(vec![Rule::contains("", "ok")])),
+        ManualClock::auto(1_000),
+        loader.clone(),
+        ExecutorConfig {
+            output_bytes: Some(20),
+            ..ExecutorConfig::default()
+        },
+    );
+    let run = |value: Value| {
+        let def = WorkflowDef::new("t.big").with_step(StepDef::tool("a", r("echo"), value));
+        let runnable = loader.add(&def, &tools).expect("valid");
+        let exec = exec.clone();
+        async move {
+            exec.run(runnable, json!({}), StartOptions::default())
+                .await
+                .expect("starts")
+        }
+    };
+    let out = run(json!("a string longer than twenty bytes")).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("over the policy's `[bounds] output-bytes` of 20"),
+        "{reason}"
+    );
+    let out = run(json!("short")).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+}
+
+// -------------------------------------------------------------- scheduler
+//
+// A host runs a bounded number of step executions at once; the ready steps
+// beyond them wait, higher priority first, and age so that none waits
+// forever; under pressure new runs are shed by priority. Each case holds
+// the only worker with a gated call, lines steps up behind it, and counts
+// the order the tool calls start in.
+
+struct Sched {
+    tools: Arc<ScriptedTools>,
+    loader: Arc<MemoryLoader>,
+    exec: Executor,
+}
+
+fn sched(cfg: poimen_executor::SchedulerConfig) -> Sched {
+    let tools = Arc::new(ScriptedTools::new().echo("echo").gated("gate"));
+    let loader = MemoryLoader::new();
+    let exec = Executor::new(
+        Arc::new(MemoryStore::new()),
+        tools.clone(),
+        Arc::new(ScriptedProvider::new(vec![Rule::contains("", "ok")])),
+        ManualClock::auto(1_000),
+        loader.clone(),
+        ExecutorConfig {
+            scheduler: cfg,
+            ..ExecutorConfig::default()
+        },
+    );
+    Sched {
+        tools,
+        loader,
+        exec,
+    }
+}
+
+type Driven = tokio::task::JoinHandle<Result<RunOutcome, poimen_executor::RunError>>;
+
+impl Sched {
+    /// Starts a one-step run of `priority` calling `tool` with `{who}`.
+    async fn start(
+        &self,
+        who: &str,
+        priority: Priority,
+        tool: &str,
+    ) -> Result<(poimen_store::RunId, Driven), poimen_executor::StartError> {
+        let mut def = WorkflowDef::new(format!("t.sched.{who}").as_str()).with_step(StepDef::tool(
+            "a",
+            r(tool),
+            json!({"who": who}),
+        ));
+        def.priority = priority;
+        let runnable = self.loader.add(&def, &self.tools).expect("valid");
+        let started = self
+            .exec
+            .start(runnable, json!({}), StartOptions::default())
+            .await?;
+        let run = started.run.clone();
+        let exec = self.exec.clone();
+        Ok((
+            run,
+            tokio::spawn(async move { exec.drive_started(started).await }),
+        ))
+    }
+
+    /// Starts a run and waits until its step waits for a worker.
+    async fn queue(&self, who: &str, priority: Priority) -> (poimen_store::RunId, Driven) {
+        let before = self.exec.scheduler().queued;
+        let started = self.start(who, priority, "echo").await.expect("admitted");
+        self.until(|s| s.queued == before + 1).await;
+        started
+    }
+
+    /// Holds the only worker with a gated call.
+    async fn block(&self) -> Driven {
+        let (_, driven) = self
+            .start("blocker", Priority::Normal, "gate")
+            .await
+            .expect("admitted");
+        self.until(|s| s.running == 1).await;
+        until_in_flight(&self.tools).await;
+        driven
+    }
+
+    async fn until(&self, ok: impl Fn(&poimen_executor::SchedulerStats) -> bool) {
+        for _ in 0..10_000 {
+            if ok(&self.exec.scheduler()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the scheduler never got there: {:?}", self.exec.scheduler());
+    }
+
+    /// The `who` of every echo call, in the order the calls started.
+    fn order(&self) -> Vec<String> {
+        self.tools
+            .calls_of("echo")
+            .iter()
+            .map(|c| c.args["who"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+}
+
+async fn completed(driven: Vec<Driven>) {
+    for d in driven {
+        let out = d.await.expect("join").expect("drives");
+        assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    }
+}
+
+#[tokio::test]
+async fn sched_a_saturated_host_runs_the_waiting_steps_of_higher_priority_first() {
+    let k = sched(poimen_executor::SchedulerConfig::workers(1));
+    let blocker = k.block().await;
+    let mut driven = vec![blocker];
+    for (who, p) in [
+        ("low", Priority::Low),
+        ("normal", Priority::Normal),
+        ("high", Priority::High),
+        ("normal-2", Priority::Normal),
+    ] {
+        driven.push(k.queue(who, p).await.1);
+    }
+    assert!(
+        k.order().is_empty(),
+        "nothing ran while the worker was held"
+    );
+    k.tools.open_gate(1);
+    completed(driven).await;
+    // Highest first; among equals, the first ready.
+    assert_eq!(k.order(), ["high", "normal", "normal-2", "low"]);
+    let stats = k.exec.scheduler();
+    assert_eq!((stats.granted, stats.running, stats.queued), (5, 0, 0));
+    // `low` was overtaken by the three that became ready after it.
+    assert_eq!(stats.max_overtaken, 3);
+}
+
+#[tokio::test]
+async fn sched_aging_bounds_how_often_low_work_is_overtaken() {
+    let k = sched(poimen_executor::SchedulerConfig::workers(1));
+    let mut driven = vec![k.block().await];
+    driven.push(k.queue("low", Priority::Low).await.1);
+    for i in 0..24 {
+        driven.push(k.queue(&format!("high-{i}"), Priority::High).await.1);
+    }
+    k.tools.open_gate(1);
+    completed(driven).await;
+    let order = k.order();
+    let at = order.iter().position(|w| w == "low").expect("low ran");
+    // Overtaken by exactly MAX_OVERTAKEN later `high` steps, then — ranked
+    // with them by age and older than the rest — it goes first.
+    assert_eq!(
+        at,
+        poimen_executor::sched::MAX_OVERTAKEN as usize,
+        "{order:?}"
+    );
+    assert_eq!(
+        k.exec.scheduler().max_overtaken,
+        poimen_executor::sched::MAX_OVERTAKEN
+    );
+}
+
+#[tokio::test]
+async fn sched_under_pressure_new_runs_are_shed_by_priority_with_a_typed_retryable_error() {
+    let k = sched(poimen_executor::SchedulerConfig {
+        workers: 1,
+        warn_queue: 2,
+        shed_queue: 3,
+    });
+    let mut driven = vec![k.block().await];
+    let shed = |r: Result<(poimen_store::RunId, Driven), poimen_executor::StartError>| match r {
+        Err(e @ poimen_executor::StartError::Shed { .. }) => e,
+        Err(other) => panic!("another refusal: {other}"),
+        Ok((run, _)) => panic!("{run} was admitted"),
+    };
+    assert_eq!(k.exec.scheduler().pressure, Some(Pressure::Ok));
+    driven.push(k.queue("a", Priority::Low).await.1);
+    driven.push(k.queue("b", Priority::Normal).await.1);
+    assert_eq!(k.exec.scheduler().pressure, Some(Pressure::Warn));
+
+    // `warn`: low is shed; normal and high are admitted.
+    let e = shed(k.start("low-1", Priority::Low, "echo").await);
+    assert!(e.is_retryable());
+    assert!(
+        matches!(
+            e,
+            poimen_executor::StartError::Shed {
+                level: Pressure::Warn,
+                priority: Priority::Low,
+                queued: 2,
+                workers: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("under pressure (`warn`"), "{e}");
+    driven.push(k.queue("c", Priority::Normal).await.1);
+    assert_eq!(k.exec.scheduler().pressure, Some(Pressure::Shed));
+
+    // `shed`: normal too; high never.
+    let e = shed(k.start("normal-1", Priority::Normal, "echo").await);
+    assert!(
+        matches!(
+            e,
+            poimen_executor::StartError::Shed {
+                level: Pressure::Shed,
+                priority: Priority::Normal,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    shed(k.start("low-2", Priority::Low, "echo").await);
+    driven.push(k.queue("h", Priority::High).await.1);
+
+    let stats = k.exec.scheduler();
+    assert_eq!((stats.shed_low, stats.shed_normal), (2, 1));
+    k.tools.open_gate(1);
+    completed(driven).await;
+    assert_eq!(k.order(), ["h", "b", "c", "a"]);
+    // The queue drained: new low runs are admitted again.
+    assert_eq!(k.exec.scheduler().pressure, Some(Pressure::Ok));
+    let (_, again) = k
+        .start("low-3", Priority::Low, "echo")
+        .await
+        .expect("admitted");
+    completed(vec![again]).await;
+}
+
+#[tokio::test]
+async fn sched_a_run_cancelled_while_its_step_waits_leaves_the_queue_and_no_worker_is_lost() {
+    let k = sched(poimen_executor::SchedulerConfig::workers(1));
+    let blocker = k.block().await;
+    let (waiting, driven) = k.queue("w", Priority::Normal).await;
+    k.exec
+        .cancel(&waiting, "no longer wanted")
+        .await
+        .expect("cancel");
+    let out = driven.await.expect("join").expect("drives");
+    assert_eq!(out.status, RunStatus::Cancelled);
+    assert_eq!(k.exec.scheduler().queued, 0);
+    k.tools.open_gate(1);
+    completed(vec![blocker]).await;
+    let stats = k.exec.scheduler();
+    assert_eq!((stats.running, stats.queued), (0, 0));
+    // The worker is free: the next run runs at once.
+    let (_, next) = k
+        .start("next", Priority::Low, "echo")
+        .await
+        .expect("admitted");
+    completed(vec![next]).await;
+    assert_eq!(k.order(), ["next"]);
+}
+
+#[tokio::test]
+async fn walk_a_workflow_called_as_a_tool_is_one_child_run_whose_output_is_the_steps() {
+    let k = kernel();
+    k.add(&echoes());
+    let parent = WorkflowDef::new("t.caller").with_step(StepDef::tool(
+        "call",
+        ToolRef::any("t.echoes"),
+        json!({"n": 3}),
+    ));
+    let out = k.run(&parent, json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    let link = out.state.steps[&StepId::from("call")]
+        .child
+        .clone()
+        .expect("the call is a linked child run");
+    let child = k.exec.status(&link.run).await.expect("child");
+    assert_eq!(child.status, RunStatus::Completed);
+    assert_eq!(child.parent, Some((out.run.clone(), StepId::from("call"))));
+    assert_eq!(out.output, Some(json!({"got": 3})));
+    // The tool's pin names the workflow version it runs.
+    let pin = &out.state.tools["t.echoes"];
+    assert_eq!(pin.workflow, Some(link.version));
+    assert_eq!(pin.identity.digest, link.version.to_string());
+    // Driving the run again finds the child, never makes a second.
+    let again = k.exec.resume(&out.run).await.expect("resume");
+    assert_eq!(again.status, RunStatus::Completed);
+    let children = k.store.children(&out.run).await.expect("children");
+    assert_eq!(children.len(), 1, "{children:?}");
     k.check_refold(&out).await;
 }

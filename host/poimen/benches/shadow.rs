@@ -76,7 +76,7 @@ async fn bench() {
             .expect("live run");
         live_times.push(t.elapsed());
         if baseline.is_empty() {
-            let (rec, _) = host.status(out.run.as_str()).await.expect("status");
+            let (rec, _) = host.status(&out.run).await.expect("status");
             baseline = rec.version.to_string();
         }
     }

@@ -6,26 +6,38 @@
 //! and translates their errors into one typed [`Error`]. It exposes no
 //! wasmtime, SQLite or tokio-internal types.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use poimen_executor::{
-    JudgmentSubmission, ModelProvider, Reconciliation, StartOptions, SystemClock,
+    Clock, JudgmentSubmission, ModelProvider, Reconciliation, RunState, StartOptions, SystemClock,
 };
+use poimen_sandbox::policy::Policy;
+use poimen_sandbox::{CallLimits, Invocation};
 use poimen_store::{
-    JudgmentRecord, MemoryStore, RunId, RunRecord, SqliteStore, Store, StoreError, VersionRecord,
-    WorkflowSummary,
+    JudgmentId, JudgmentRecord, MemoryStore, RunFilter, RunId, RunRecord, SqliteStore, Store,
+    StoreError, VersionRecord, WorkflowSummary,
 };
 use poimen_workflow::{
-    EligibilityReport, Format, StepId, StepKind, Validated, ValidationError, VersionPrefix,
-    WorkflowDef, WorkflowId, WorkflowVersion,
+    EligibilityReport, Format, StepId, StepKind, ToolRef, Validated, VersionPrefix, WorkflowDef,
+    WorkflowId, WorkflowVersion,
 };
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::loader::{CheckError, check};
+use crate::audit::Audit;
+use crate::builder::PluginSource;
+pub use crate::error::Error;
+use crate::events::{EventFilter, HostEvent, Hub, Observed, RunEvent};
+use crate::loader::check;
 use crate::wiring::Wiring;
+
+mod arming;
+mod handle;
+use handle::Driven;
+pub use handle::RunHandle;
+mod retention;
+pub use arming::{Armed, Retired, Retirement};
 
 pub use poimen_executor::model::{EffortMode, OpenAiConfig, Rule};
 pub use poimen_executor::{Episode, RunOutcome};
@@ -33,98 +45,6 @@ pub use poimen_store::RunStatus;
 
 /// Largest workflow file read from disk (the front end has its own bound too).
 pub const MAX_WORKFLOW_FILE_BYTES: u64 = 16 * 1024 * 1024;
-
-/// Everything that can go wrong, by kind. Each message says what went wrong,
-/// where, and what to do.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path} is {size} bytes, over the {limit}-byte limit for a workflow file")]
-    TooLarge {
-        path: PathBuf,
-        size: u64,
-        limit: u64,
-    },
-    #[error(
-        "{path}: the file name must end in .yaml, .yml or .json so poimen knows how to read it"
-    )]
-    UnknownFormat { path: PathBuf },
-    #[error(transparent)]
-    Parse(#[from] poimen_workflow::ParseError),
-    #[error("workflow `{workflow}` is invalid: {} problem(s); {}", .errors.len(), first(.errors))]
-    Invalid {
-        workflow: String,
-        errors: Vec<ValidationError>,
-    },
-    #[error("{what} `{given}` was not found; {hint}")]
-    NotFound {
-        what: &'static str,
-        given: String,
-        hint: String,
-    },
-    #[error("`{given}` is not a workflow file or a version: {detail}")]
-    BadTarget { given: String, detail: String },
-    #[error("the input is not valid JSON: {0}")]
-    BadInput(String),
-    #[error("the store failed: {0}")]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Start(#[from] poimen_executor::StartError),
-    #[error(transparent)]
-    Run(#[from] poimen_executor::RunError),
-    #[error(transparent)]
-    Operator(#[from] poimen_executor::OperatorError),
-    #[error(transparent)]
-    Judgment(#[from] poimen_executor::JudgmentError),
-    #[error("the plugin host could not start: {0}")]
-    Sandbox(#[from] poimen_sandbox::BuildError),
-    #[error("plugin: {0}")]
-    Plugin(#[from] poimen_sandbox::LoadError),
-    #[error("stored version {version} cannot be read back: {detail}")]
-    Unreadable {
-        version: WorkflowVersion,
-        detail: String,
-    },
-    #[error(transparent)]
-    Shadow(#[from] crate::shadow::ShadowError),
-    #[error(
-        "run {run} is still {status} after {}; wait longer (--timeout) or look at it with `poimen status {run}`",
-        humantime_ms(.after)
-    )]
-    Timeout {
-        run: RunId,
-        status: RunStatus,
-        after: std::time::Duration,
-    },
-}
-
-fn humantime_ms(d: &std::time::Duration) -> String {
-    format!("{} ms", d.as_millis())
-}
-
-fn first(errors: &[ValidationError]) -> String {
-    errors.first().map(|e| e.to_string()).unwrap_or_default()
-}
-
-impl From<CheckError> for Error {
-    fn from(e: CheckError) -> Self {
-        match e {
-            CheckError::Store(s) => Error::Store(s),
-            CheckError::Unreadable {
-                version, detail, ..
-            } => Error::Unreadable { version, detail },
-            CheckError::Invalid(errors) => Error::Invalid {
-                workflow: String::new(),
-                errors,
-            },
-        }
-    }
-}
 
 /// Where runs and versions are kept.
 #[derive(Debug, Clone)]
@@ -149,7 +69,12 @@ pub enum ModelChoice {
     OpenAi(OpenAiConfig),
 }
 
-/// Builds a [`Host`].
+/// Builds a [`Host`]. Every seam an embedder needs is open: the store
+/// ([`store`](Self::store)), who answers model steps
+/// ([`models`](Self::models)), the clock ([`clock`](Self::clock)), the
+/// capability policy built in code ([`policy`](Self::policy)), the limits
+/// of a guest call ([`limits`](Self::limits)) and the plugins
+/// ([`plugin`](Self::plugin)).
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct HostBuilder {
@@ -161,6 +86,8 @@ pub struct HostBuilder {
     model: ModelChoice,
     host_id: String,
     lease_ttl: std::time::Duration,
+    scheduler: poimen_executor::SchedulerConfig,
+    open: crate::builder::Seams,
 }
 
 impl Default for HostBuilder {
@@ -176,6 +103,8 @@ impl Default for HostBuilder {
             lease_ttl: std::time::Duration::from_millis(
                 poimen_executor::DEFAULT_LEASE_TTL_MS as u64,
             ),
+            scheduler: poimen_executor::SchedulerConfig::default(),
+            open: crate::builder::Seams::default(),
         }
     }
 }
@@ -197,8 +126,13 @@ impl HostBuilder {
     }
 
     /// Keep versions and runs in a store the embedder opened (any
-    /// [`Store`] implementation).
-    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+    /// [`Store`] implementation, e.g. a wrapper around one of poimen's).
+    pub fn store(self, store: impl Store + 'static) -> Self {
+        self.shared_store(Arc::new(store))
+    }
+
+    /// [`store`](Self::store), for a store the embedder also holds.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = StoreChoice::Given(store);
         self
     }
@@ -216,9 +150,88 @@ impl HostBuilder {
     }
 
     /// The capability policy file (TOML). Without one, nothing beyond the
-    /// baseline and `scratch` is granted.
+    /// baseline and `scratch` is granted. Replaces a [`policy`](Self::policy)
+    /// given before.
     pub fn policy_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.policy = Some(path.into());
+        self.open.policy = None;
+        self
+    }
+
+    /// The capability policy, built in code: the same [`Policy`] a policy
+    /// file parses into. Replaces a [`policy_file`](Self::policy_file)
+    /// given before.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.open.policy = Some(policy);
+        self.policy = None;
+        self
+    }
+
+    /// The limits every guest call runs under before the policy's
+    /// per-plugin overrides (default [`CallLimits::default`]).
+    pub fn limits(mut self, limits: CallLimits) -> Self {
+        self.open.limits = Some(limits);
+        self
+    }
+
+    /// Also load this component: its bytes (`Vec<u8>`, `&'static [u8]`,
+    /// [`PluginSource::bytes`] with a name for errors) or a `.wasm` file
+    /// (`PathBuf`, `&Path`). Checked at build exactly as a plugin directory's
+    /// components are; its name is reserved as the bundled plugins' are.
+    pub fn plugin(mut self, plugin: impl Into<PluginSource>) -> Self {
+        self.open.plugins.push(plugin.into());
+        self
+    }
+
+    /// How many commits the event channel holds for its slowest subscriber
+    /// before that subscriber is told it lagged (default
+    /// [`EVENT_BUFFER`](crate::EVENT_BUFFER)). Runs never wait for a
+    /// subscriber, whatever this is.
+    pub fn event_buffer(mut self, commits: usize) -> Self {
+        self.open.event_buffer = Some(commits);
+        self
+    }
+
+    /// Whether the host keeps its Prometheus metrics
+    /// ([`Host::metrics_text`]; default on). Off, the stores are not
+    /// observed for them and the text has only the scheduler's gauges.
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.open.metrics = Some(on);
+        self
+    }
+
+    /// How a run's span continues the trace its starter recorded
+    /// ([`RunOptions::trace`]) when the run is driven outside that
+    /// starter's span — claimed from the queue by [`Host::serve`], taken
+    /// over, resumed. `parent` is given the `run` span and the recorded
+    /// carrier; with `tracing-opentelemetry` it extracts the context and
+    /// calls `OpenTelemetrySpanExt::set_parent` (what `poimen serve` does).
+    pub fn trace_parent(
+        mut self,
+        parent: impl Fn(&tracing::Span, &poimen_executor::TraceCarrier) + Send + Sync + 'static,
+    ) -> Self {
+        self.open.trace_parent = Some(poimen_executor::TraceParent(Arc::new(parent)));
+        self
+    }
+
+    /// Who answers model steps: any [`ModelProvider`] (a scripted one in
+    /// tests, a service's own gateway). Replaces [`model`](Self::model).
+    pub fn models(mut self, models: impl ModelProvider + 'static) -> Self {
+        self.open.models = Some(crate::builder::Shared(Arc::new(models)));
+        self
+    }
+
+    /// The clock runs read (default: the system clock). Every time a run
+    /// records comes from it.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.open.clock = Some(crate::builder::Shared(Arc::new(clock)));
+        self
+    }
+
+    /// [`clock`](Self::clock), for a clock the embedder also holds (to move
+    /// a manual clock from a test).
+    pub fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.open.clock = Some(crate::builder::Shared(clock));
         self
     }
 
@@ -234,9 +247,11 @@ impl HostBuilder {
         self
     }
 
-    /// Who answers model steps.
+    /// Who answers model steps, among poimen's providers. Replaces
+    /// [`models`](Self::models).
     pub fn model(mut self, model: ModelChoice) -> Self {
         self.model = model;
+        self.open.models = None;
         self
     }
 
@@ -251,6 +266,22 @@ impl HostBuilder {
     /// takes a run over this long after its driver stopped.
     pub fn lease_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.lease_ttl = ttl;
+        self
+    }
+
+    /// Step executions (tool and model attempts) this host runs at once
+    /// (default 8); ready steps beyond them wait, higher priority first.
+    /// Resets the pressure thresholds to 4 and 16 waiting steps per worker.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.scheduler = poimen_executor::SchedulerConfig::workers(workers);
+        self
+    }
+
+    /// The queue depths (waiting steps) from which this host's pressure is
+    /// `warn` (new `low` runs shed) and `shed` (new `normal` runs shed too).
+    pub fn pressure(mut self, warn_queue: usize, shed_queue: usize) -> Self {
+        self.scheduler.warn_queue = warn_queue;
+        self.scheduler.shed_queue = shed_queue.max(warn_queue);
         self
     }
 
@@ -281,8 +312,17 @@ impl HostBuilder {
         {
             sb = sb.cache_dir(parent.join("cache"));
         }
-        if let Some(p) = &self.policy {
-            sb = sb.policy_file(p.clone());
+        // One policy, read once: the sandbox takes its grants and limits,
+        // the executor and this host what it says of workflows and runs.
+        let policy = match (&self.open.policy, &self.policy) {
+            (Some(p), _) => p.clone(),
+            (None, Some(path)) => poimen_sandbox::Policy::from_file(path)
+                .map_err(|e| Error::Sandbox(poimen_sandbox::BuildError::Policy(e)))?,
+            (None, None) => poimen_sandbox::Policy::new(),
+        };
+        sb = sb.policy(policy.clone());
+        if let Some(limits) = self.open.limits {
+            sb = sb.limits(limits);
         }
         for d in &self.plugin_dirs {
             sb = sb.plugin_dir(d.clone());
@@ -292,49 +332,97 @@ impl HostBuilder {
                 sb = sb.component_bytes(format!("bundled:{}", b.ident), b.bytes);
             }
         }
+        for p in &self.open.plugins {
+            let (origin, bytes) = p.read()?;
+            sb = sb.component_bytes(origin, bytes);
+        }
         let sandbox = sb.build().await?;
-        let models: Arc<dyn ModelProvider> = match self.model {
-            ModelChoice::None => Arc::new(crate::NoModel),
-            ModelChoice::Scripted(rules) => {
+        let models: Arc<dyn ModelProvider> = match (self.open.models, self.model) {
+            (Some(custom), _) => custom.0,
+            (None, ModelChoice::None) => Arc::new(crate::NoModel),
+            (None, ModelChoice::Scripted(rules)) => {
                 Arc::new(poimen_executor::model::ScriptedProvider::new(rules))
             }
-            ModelChoice::OpenAi(cfg) => {
+            (None, ModelChoice::OpenAi(cfg)) => {
                 Arc::new(poimen_executor::model::OpenAiCompatible::new(cfg))
             }
         };
-        let wiring = Wiring::new(
+        let clock: Arc<dyn Clock> = match self.open.clock {
+            Some(c) => c.0,
+            None => Arc::new(SystemClock),
+        };
+        // Every commit of every run, durable or not, is announced to whoever
+        // follows runs (events, handles, the HTTP API).
+        let hub = Hub::new(
+            self.open
+                .event_buffer
+                .unwrap_or(crate::events::EVENT_BUFFER),
+        );
+        let metrics = Arc::new(crate::metrics::Metrics::new(
+            self.open.metrics.unwrap_or(true),
+        ));
+        let store: Arc<dyn Store> = Arc::new(Observed::new(store, hub.clone(), metrics.clone()));
+        let ephemeral: Arc<dyn Store> = Arc::new(Observed::new(
+            Arc::new(MemoryStore::new()),
+            hub.clone(),
+            metrics.clone(),
+        ));
+        let wiring = Wiring::with_ephemeral_store(
             store,
+            ephemeral,
             sandbox,
             models.clone(),
-            Arc::new(SystemClock),
+            clock.clone(),
             poimen_executor::ExecutorConfig {
                 host_id: self.host_id.clone(),
                 lease_ttl_ms: i64::try_from(self.lease_ttl.as_millis())
                     .unwrap_or(i64::MAX)
                     .max(1),
+                durable_by_default: policy.runs().durability
+                    == poimen_sandbox::policy::DurabilityDefault::Durable,
+                judgment_timeout: policy.runs().judgment.timeout,
+                judgment_fallback: policy.runs().judgment.on_timeout.clone(),
+                output_bytes: policy.runs().bounds.output_bytes,
+                scheduler: self.scheduler,
+                trace_parent: self.open.trace_parent.clone(),
             },
         );
         Ok(Host {
-            inner: Arc::new(Inner { wiring, models }),
+            inner: Arc::new(Inner {
+                wiring,
+                models,
+                policy,
+                clock,
+                hub,
+                metrics,
+            }),
         })
     }
 }
 
-struct Inner {
-    wiring: Wiring,
+pub(crate) struct Inner {
+    pub(crate) wiring: Wiring,
     models: Arc<dyn ModelProvider>,
+    /// The host's one policy (also the sandbox's).
+    policy: poimen_sandbox::Policy,
+    /// The clock runs read; publishing stamps versions with it too.
+    clock: Arc<dyn Clock>,
+    /// Where the stores announce commits.
+    hub: Arc<Hub>,
+    /// What the stores saw, for `/metrics`.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Inner {
-    fn store(&self) -> &Arc<dyn Store> {
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.wiring.store
     }
 
-    fn sandbox(&self) -> &poimen_sandbox::PluginHost {
+    pub(crate) fn sandbox(&self) -> &poimen_sandbox::PluginHost {
         &self.wiring.sandbox
     }
 
-    fn executor(&self) -> &poimen_executor::Executor {
+    pub(crate) fn executor(&self) -> &poimen_executor::Executor {
         &self.wiring.executor
     }
 }
@@ -342,7 +430,7 @@ impl Inner {
 /// The poimen host.
 #[derive(Clone)]
 pub struct Host {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Host {
@@ -390,6 +478,10 @@ pub struct RunOptions {
     /// The run's tenant (`default` when absent): stored with the run and
     /// its children, and a filter when listing runs.
     pub tenant: Option<String>,
+    /// The starter's trace context (W3C `traceparent` and `tracestate`),
+    /// recorded with the run's start so that whichever host drives it
+    /// continues that trace ([`HostBuilder::trace_parent`]).
+    pub trace: Option<poimen_executor::TraceCarrier>,
 }
 
 impl RunOptions {
@@ -397,7 +489,7 @@ impl RunOptions {
     pub fn key(key: impl Into<String>) -> RunOptions {
         RunOptions {
             idempotency_key: Some(key.into()),
-            tenant: None,
+            ..RunOptions::default()
         }
     }
 
@@ -408,6 +500,7 @@ impl RunOptions {
                 .tenant
                 .map(poimen_executor::TenantId)
                 .unwrap_or_default(),
+            trace: self.trace,
         }
     }
 }
@@ -470,21 +563,6 @@ pub struct Plan {
     pub long_lived: bool,
 }
 
-/// Everything recorded about a run's effects.
-#[derive(Debug, Clone, Serialize)]
-pub struct Audit {
-    pub run: RunRecord,
-    pub intents: Vec<poimen_store::IntentRecord>,
-    /// The `tool_called` events, with their hostcall records.
-    pub tool_calls: Vec<Value>,
-    /// Verifier verdicts, with their hostcall records.
-    pub verdicts: Vec<Value>,
-    /// Intent triples that are incomplete (a call without Pending,
-    /// Dispatched and a final phase): empty unless something bypassed the
-    /// intent wrapper or a run is still in flight.
-    pub incomplete: Vec<String>,
-}
-
 impl Host {
     pub fn builder() -> HostBuilder {
         HostBuilder::default()
@@ -495,9 +573,10 @@ impl Host {
         load_file(path)
     }
 
-    /// Validates a definition against this host's registries and store.
+    /// Validates a definition against this host's registries and store,
+    /// then against what its policy says of workflows.
     pub async fn validate(&self, def: &WorkflowDef) -> Result<Validated, Error> {
-        check(&**self.inner.store(), self.inner.sandbox(), def)
+        let v = check(&**self.inner.store(), self.inner.sandbox(), def)
             .await
             .map_err(|e| match Error::from(e) {
                 Error::Invalid { errors, .. } => Error::Invalid {
@@ -505,7 +584,83 @@ impl Host {
                     errors,
                 },
                 other => other,
-            })
+            })?;
+        self.tool_name_free(def).await?;
+        let violations = crate::policy::violations(&v, self.inner.policy.runs());
+        if !violations.is_empty() {
+            return Err(Error::Policy {
+                workflow: def.id.to_string(),
+                violations,
+            });
+        }
+        Ok(v)
+    }
+
+    /// A workflow that declares `tool:` must take a name no component and
+    /// no other workflow has.
+    async fn tool_name_free(&self, def: &WorkflowDef) -> Result<(), Error> {
+        let Some(tool) = &def.tool else {
+            return Ok(());
+        };
+        let name = tool.name.clone().unwrap_or_else(|| def.id.to_string());
+        let taken = |by: String| Error::ToolNameTaken {
+            workflow: def.id.to_string(),
+            name: name.clone(),
+            by,
+        };
+        if let Some(c) = self
+            .inner
+            .sandbox()
+            .tools()
+            .list()
+            .into_iter()
+            .find(|e| e.info.name == name)
+        {
+            return Err(taken(format!(
+                "the component `{}` {}",
+                c.info.name, c.info.version
+            )));
+        }
+        let registered = crate::loader::workflow_tools(&**self.inner.store(), self.inner.sandbox())
+            .await
+            .map_err(Error::from)?;
+        if let Some((holder, _)) = registered.defs.get(&name)
+            && *holder != def.id
+        {
+            return Err(taken(format!("workflow `{holder}`")));
+        }
+        Ok(())
+    }
+
+    /// The host's policy (grants, limits, and what it says of workflows).
+    pub fn policy(&self) -> &poimen_sandbox::Policy {
+        &self.inner.policy
+    }
+
+    /// Whether a run of `target` may start here: the policy's workflows
+    /// must be enabled, the workflow among its enabled ids, and — unless it
+    /// allows custom definitions — the target a published version, never
+    /// a file a client names.
+    fn may_start(&self, target: &Target, workflow: &str) -> Result<(), Error> {
+        let rules = &self.inner.policy.runs().workflows;
+        if let Some(why) = rules.refuses(workflow) {
+            return Err(Error::NotAllowed {
+                workflow: workflow.to_owned(),
+                why,
+            });
+        }
+        if let Target::File(path) = target
+            && !rules.allow_custom_definitions
+        {
+            return Err(Error::NotAllowed {
+                workflow: workflow.to_owned(),
+                why: format!(
+                    "the policy allows no custom definitions (`[workflows] allow-custom-definitions = false`), so a run cannot start from {}; publish and arm the workflow, then start it by id",
+                    path.display()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Validates and publishes a definition. A definition that does not
@@ -546,7 +701,7 @@ impl Host {
                 def.id.clone(),
                 poimen_workflow::canonical_bytes(def),
                 parent,
-                now_ms(),
+                self.inner.clock.now_ms(),
             ))
             .await?;
         Ok(match out {
@@ -588,10 +743,19 @@ impl Host {
                 }),
             };
         }
-        let prefix = VersionPrefix::parse(text).map_err(|e| Error::BadTarget {
-            given: text.to_owned(),
-            detail: e.to_string(),
-        })?;
+        let prefix = match VersionPrefix::parse(text) {
+            Ok(prefix) => prefix,
+            Err(e) => {
+                // Not a version: a workflow id names its armed version.
+                if let Some(v) = self.armed_version_of(text).await? {
+                    return Ok(v);
+                }
+                return Err(Error::BadTarget {
+                    given: text.to_owned(),
+                    detail: e.to_string(),
+                });
+            }
+        };
         match self.inner.store().resolve_version_prefix(&prefix).await {
             Ok(v) => Ok(v),
             Err(StoreError::NotFound { .. }) => Err(Error::NotFound {
@@ -604,33 +768,38 @@ impl Host {
     }
 
     /// A stored version and its definition.
-    pub async fn version(&self, text: &str) -> Result<(VersionRecord, WorkflowDef), Error> {
-        let v = self.resolve_version(text).await?;
+    pub async fn version(
+        &self,
+        version: &WorkflowVersion,
+    ) -> Result<(VersionRecord, WorkflowDef), Error> {
         let record = self
             .inner
             .store()
-            .version(&v)
+            .version(version)
             .await?
             .ok_or_else(|| Error::NotFound {
                 what: "version",
-                given: text.to_owned(),
+                given: version.to_string(),
                 hint: "`poimen versions WORKFLOW_ID` lists published versions".into(),
             })?;
         let def =
             poimen_workflow::from_canonical(&record.canonical).map_err(|e| Error::Unreadable {
-                version: v,
+                version: *version,
                 detail: e.to_string(),
             })?;
         Ok((record, def))
     }
 
+    /// The stored version `text` names ([`resolve_version`](Self::resolve_version))
+    /// and its definition.
+    pub async fn find_version(&self, text: &str) -> Result<(VersionRecord, WorkflowDef), Error> {
+        let v = self.resolve_version(text).await?;
+        self.version(&v).await
+    }
+
     /// Every version of a workflow, with parents, in publish order.
-    pub async fn versions(&self, workflow: &str) -> Result<Vec<VersionRecord>, Error> {
-        let list = self
-            .inner
-            .store()
-            .versions_of(&WorkflowId::from(workflow))
-            .await?;
+    pub async fn versions(&self, workflow: &WorkflowId) -> Result<Vec<VersionRecord>, Error> {
+        let list = self.inner.store().versions_of(workflow).await?;
         if list.is_empty() {
             let known: Vec<String> = self
                 .inner
@@ -641,12 +810,12 @@ impl Host {
                 .map(|w| w.workflow_id.to_string())
                 .collect();
             let nearest = poimen_workflow::registry::nearest_names(
-                workflow,
+                workflow.as_str(),
                 known.iter().map(String::as_str),
             );
             return Err(Error::NotFound {
                 what: "workflow",
-                given: workflow.to_owned(),
+                given: workflow.to_string(),
                 hint: if nearest.is_empty() {
                     "publish it first with `poimen publish FILE`".into()
                 } else {
@@ -674,10 +843,29 @@ impl Host {
                 Ok(v)
             }
             Target::Version(text) => {
-                let (_, def) = self.version(text).await?;
+                let (_, def) = self.find_version(text).await?;
                 self.validate(&def).await
             }
         }
+    }
+
+    /// [`prepare`](Self::prepare) for a new run: the policy must let the
+    /// workflow start (a file is read, but neither published nor run, when
+    /// it may not).
+    async fn prepare_run(&self, target: &Target) -> Result<Validated, Error> {
+        let (workflow, version) = match target {
+            Target::File(path) => {
+                let loaded = load_file(path)?;
+                (loaded.def.id, loaded.version)
+            }
+            Target::Version(text) => {
+                let (record, def) = self.find_version(text).await?;
+                (def.id, record.version)
+            }
+        };
+        self.may_start(target, workflow.as_str())?;
+        self.check_armed(&workflow, &version).await?;
+        self.prepare(target).await
     }
 
     /// The execution plan: steps in order, fan-outs, resolved tools with
@@ -697,7 +885,7 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunOutcome, Error> {
-        let v = self.prepare(target).await?;
+        let v = self.prepare_run(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         Ok(self
             .inner
@@ -706,15 +894,17 @@ impl Host {
             .await?)
     }
 
-    /// Starts a run and returns its id without waiting for it (the run is
-    /// driven on a background task).
+    /// Starts a run and returns its handle without waiting for it: the run
+    /// is driven by a task of this host's, whose result reaches the handle
+    /// ([`RunHandle::wait`]). The task continues the caller's tracing span,
+    /// so a caller's trace goes on into the run.
     pub async fn start(
         &self,
         target: &Target,
         input: Value,
         opts: RunOptions,
-    ) -> Result<RunId, Error> {
-        let v = self.prepare(target).await?;
+    ) -> Result<RunHandle, Error> {
+        let v = self.prepare_run(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         let started = self
             .inner
@@ -722,13 +912,64 @@ impl Host {
             .start(runnable, input, opts.into_start())
             .await?;
         let exec = self.inner.executor().clone();
-        let (run, id) = (started.run.clone(), started.run.clone());
-        tokio::spawn(async move {
-            if let Err(e) = exec.drive_started(started).await {
-                tracing::warn!(run = %run, error = %e, "background run stopped with an error");
+        let id = started.run.clone();
+        let (tx, rx) = tokio::sync::watch::channel::<Driven>(None);
+        let run = id.clone();
+        let drive = async move {
+            let result = exec.drive_started(started).await;
+            if let Err(e) = &result {
+                tracing::warn!(run = %run, error = %e, "a started run stopped with an error");
             }
-        });
-        Ok(id)
+            // No receiver left is fine: nobody waits for it.
+            let _ = tx.send(Some(result.map_err(Arc::new)));
+        };
+        tokio::spawn(tracing::Instrument::in_current_span(drive));
+        Ok(RunHandle::new(id, self.clone(), Some(rx)))
+    }
+
+    /// A handle to a run, wherever it is driven: to wait for it (through
+    /// the store), cancel it, follow its events.
+    pub fn handle(&self, run: &RunId) -> RunHandle {
+        RunHandle::new(run.clone(), self.clone(), None)
+    }
+
+    /// Every committed event of every run this host's stores hold that
+    /// `filter` lets through, as it is committed (by this host). Bounded: a
+    /// subscriber that falls behind gets [`HostEvent::Lagged`] with how many
+    /// commits it missed, and never slows a run.
+    pub fn events(
+        &self,
+        filter: EventFilter,
+    ) -> impl futures::Stream<Item = HostEvent> + Send + 'static {
+        crate::events::host_events(self.inner.store().clone(), &self.inner.hub, filter)
+    }
+
+    /// A run's events from sequence number `from` on, then each as it is
+    /// committed, gapless; the stream ends after the event that ends the
+    /// run (see [`RunHandle::events`]).
+    pub fn run_events(
+        &self,
+        run: &RunId,
+        from: u64,
+    ) -> impl futures::Stream<Item = Result<RunEvent, Error>> + Send + 'static {
+        crate::events::run_events(
+            self.inner.executor().clone(),
+            &self.inner.hub,
+            run.clone(),
+            from,
+        )
+    }
+
+    /// Whether the store answers (one cheap read): for readiness checks.
+    pub async fn check_store(&self) -> Result<(), Error> {
+        self.inner
+            .store()
+            .list_runs(RunFilter {
+                limit: Some(1),
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
     }
 
     /// Enqueues a run and returns its id: the run is stored `queued`, held
@@ -740,7 +981,7 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunId, Error> {
-        let v = self.prepare(target).await?;
+        let v = self.prepare_run(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
         let started = self
             .inner
@@ -748,6 +989,21 @@ impl Host {
             .enqueue(runnable, input, opts.into_start())
             .await?;
         Ok(started.run)
+    }
+
+    /// The step scheduler's counts and state now: workers, queue,
+    /// pressure, runs shed by priority.
+    pub fn scheduler(&self) -> poimen_executor::SchedulerStats {
+        self.inner.executor().scheduler()
+    }
+
+    /// The host's metrics in the Prometheus text format (what `/metrics`
+    /// serves): runs created and ended by status, step and guest-call
+    /// latency, fuel and peak memory per call, store commit latency and
+    /// errors, lease claims and takeovers, runs shed by priority, and the
+    /// scheduler's workers, queue and pressure level as of now.
+    pub fn metrics_text(&self) -> String {
+        self.inner.metrics.render(&self.scheduler())
     }
 
     /// Serves the store until `shutdown` resolves: claims queued runs and
@@ -767,14 +1023,13 @@ impl Host {
     /// [`Error::Timeout`] after `timeout`.
     pub async fn wait(
         &self,
-        run: &str,
+        run: &RunId,
         timeout: Option<std::time::Duration>,
     ) -> Result<RunRecord, Error> {
-        let id = self.run_id(run)?;
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut pause = std::time::Duration::from_millis(5);
         loop {
-            let rec = self.inner.executor().status(&id).await?;
+            let rec = self.inner.executor().status(run).await?;
             if !matches!(rec.status, RunStatus::Running | RunStatus::Queued) {
                 return Ok(rec);
             }
@@ -782,7 +1037,7 @@ impl Host {
                 && tokio::time::Instant::now() >= d
             {
                 return Err(Error::Timeout {
-                    run: id,
+                    run: run.clone(),
                     status: rec.status,
                     after: timeout.unwrap_or_default(),
                 });
@@ -792,138 +1047,69 @@ impl Host {
         }
     }
 
-    fn run_id(&self, run: &str) -> Result<RunId, Error> {
-        RunId::parse(run).map_err(|e| Error::NotFound {
-            what: "run",
-            given: run.to_owned(),
-            hint: format!("{e}; `poimen status` lists runs"),
-        })
-    }
-
     /// A run's record and its state refolded from the episode.
-    pub async fn status(&self, run: &str) -> Result<(RunRecord, poimen_executor::RunState), Error> {
-        let id = self.run_id(run)?;
-        let rec = self.inner.executor().status(&id).await?;
-        let state = self.inner.executor().state(&id).await?;
+    pub async fn status(&self, run: &RunId) -> Result<(RunRecord, RunState), Error> {
+        let rec = self.inner.executor().status(run).await?;
+        let state = self.inner.executor().state(run).await?;
         Ok((rec, state))
     }
 
     /// Recent runs, newest first.
     pub async fn runs(&self, limit: u32, tenant: Option<&str>) -> Result<Vec<RunRecord>, Error> {
-        Ok(self
-            .inner
-            .store()
-            .list_runs(poimen_store::RunFilter {
-                limit: Some(limit),
-                tenant: tenant.map(str::to_owned),
-                ..Default::default()
-            })
-            .await?)
+        self.list_runs(RunFilter {
+            limit: Some(limit),
+            tenant: tenant.map(str::to_owned),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Runs matching every set field of `filter` (status, workflow,
+    /// tenant, parent, how many), newest first.
+    pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, Error> {
+        Ok(self.inner.store().list_runs(filter).await?)
     }
 
     /// A run's episode.
-    pub async fn episode(&self, run: &str) -> Result<Episode, Error> {
-        let id = self.run_id(run)?;
-        Ok(self.inner.executor().episode(&id).await?)
+    pub async fn episode(&self, run: &RunId) -> Result<Episode, Error> {
+        Ok(self.inner.executor().episode(run).await?)
     }
 
     /// A run's intents, tool calls and verdicts with their hostcall records.
-    pub async fn audit(&self, run: &str) -> Result<Audit, Error> {
-        let id = self.run_id(run)?;
-        let rec = self.inner.executor().status(&id).await?;
-        let intents = self.inner.executor().intents(&id).await?;
-        let episode = self.inner.executor().episode(&id).await?;
-        let mut tool_calls = Vec::new();
-        let mut verdicts = Vec::new();
-        for r in &episode.events {
-            match &r.event {
-                e @ poimen_executor::EpisodeEvent::ToolCalled { .. } => {
-                    tool_calls.push(e.body());
-                }
-                e @ poimen_executor::EpisodeEvent::Verified { .. } => {
-                    verdicts.push(e.body());
-                }
-                _ => {}
-            }
-        }
-        let mut phases: BTreeMap<(String, u32, u32), Vec<poimen_store::IntentPhase>> =
-            BTreeMap::new();
-        for i in &intents {
-            phases
-                .entry((i.step.to_string(), i.iteration, i.attempt))
-                .or_default()
-                .push(i.phase);
-        }
-        let incomplete = phases
-            .iter()
-            .filter(|(_, ps)| {
-                use poimen_store::IntentPhase::*;
-                let reconciled = ps.first() == Some(&Committed) || ps.first() == Some(&Failed);
-                !(reconciled
-                    || (ps.contains(&Pending)
-                        && ps.contains(&Dispatched)
-                        && ps
-                            .last()
-                            .is_some_and(|p| matches!(p, Committed | Failed | Abandoned))))
-            })
-            .map(|((s, it, at), ps)| {
-                format!(
-                    "step `{s}` iteration {it} attempt {at}: {}",
-                    ps.iter()
-                        .map(|p| p.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" → ")
-                )
-            })
-            .collect();
-        Ok(Audit {
-            run: rec,
-            intents,
-            tool_calls,
-            verdicts,
-            incomplete,
-        })
+    pub async fn audit(&self, run: &RunId) -> Result<Audit, Error> {
+        let rec = self.inner.executor().status(run).await?;
+        let intents = self.inner.executor().intents(run).await?;
+        let episode = self.inner.executor().episode(run).await?;
+        Ok(Audit::of(rec, intents, &episode))
     }
 
     /// Drives a stopped run again (see [`poimen_executor::Executor::resume`]).
-    pub async fn resume(&self, run: &str) -> Result<RunOutcome, Error> {
-        let id = self.run_id(run)?;
-        Ok(self.inner.executor().resume(&id).await?)
+    pub async fn resume(&self, run: &RunId) -> Result<RunOutcome, Error> {
+        Ok(self.inner.executor().resume(run).await?)
     }
 
     /// Cancels a run.
-    pub async fn cancel(&self, run: &str) -> Result<RunRecord, Error> {
-        let id = self.run_id(run)?;
+    pub async fn cancel(&self, run: &RunId) -> Result<RunRecord, Error> {
         Ok(self
             .inner
             .executor()
-            .cancel(&id, "cancelled by an operator")
+            .cancel(run, "cancelled by an operator")
             .await?)
     }
 
     /// Runs a failed run again from a step (by default the one that failed).
-    pub async fn retry(&self, run: &str, from: Option<&str>) -> Result<RunOutcome, Error> {
-        let id = self.run_id(run)?;
-        Ok(self
-            .inner
-            .executor()
-            .retry(&id, from.map(StepId::from))
-            .await?)
+    pub async fn retry(&self, run: &RunId, from: Option<&StepId>) -> Result<RunOutcome, Error> {
+        Ok(self.inner.executor().retry(run, from.cloned()).await?)
     }
 
     /// Records an operator's decision on a tool call with an unknown outcome.
     pub async fn reconcile(
         &self,
-        run: &str,
-        step: &str,
+        run: &RunId,
+        step: &StepId,
         decision: Reconciliation,
     ) -> Result<RunOutcome, Error> {
-        let id = self.run_id(run)?;
-        Ok(self
-            .inner
-            .executor()
-            .reconcile(&id, &StepId::from(step), decision)
-            .await?)
+        Ok(self.inner.executor().reconcile(run, step, decision).await?)
     }
 
     /// Open judgment requests.
@@ -932,20 +1118,20 @@ impl Host {
     }
 
     /// One judgment request.
-    pub async fn judgment(&self, id: &str) -> Result<JudgmentRecord, Error> {
-        Ok(self.inner.executor().judgment(id).await?)
+    pub async fn judgment(&self, id: &JudgmentId) -> Result<JudgmentRecord, Error> {
+        Ok(self.inner.executor().judgment(id.as_str()).await?)
     }
 
     /// Submits a judge's answer.
     pub async fn submit_judgment(
         &self,
-        id: &str,
+        id: &JudgmentId,
         submission: JudgmentSubmission,
     ) -> Result<RunOutcome, Error> {
         Ok(self
             .inner
             .executor()
-            .submit_judgment(id, submission)
+            .submit_judgment(id.as_str(), submission)
             .await?)
     }
 
@@ -955,27 +1141,22 @@ impl Host {
     }
 
     /// Invokes one tool directly through the sandbox (`poimen plugin call`):
-    /// the output and the hostcall record, or the error and the record.
+    /// its outcome (the output, or why there is none) and its hostcall
+    /// record, which is there either way.
     pub async fn call_tool(
         &self,
-        tool: poimen_workflow::ToolRef,
+        tool: ToolRef,
         args: Value,
-        idempotency_key: String,
-    ) -> Result<(Value, Value), (String, Value)> {
-        let inv = self
-            .inner
+        idempotency_key: impl Into<String>,
+    ) -> Invocation {
+        self.inner
             .sandbox()
             .invoke_tool(poimen_sandbox::ToolRequest::new(
                 tool,
                 args,
                 idempotency_key,
             ))
-            .await;
-        let record = inv.record.to_json();
-        match inv.outcome {
-            Ok(v) => Ok((v, record)),
-            Err(e) => Err((e.to_string(), record)),
-        }
+            .await
     }
 
     /// Shadow-evaluates `candidate` (a file, validated but not published,
@@ -991,11 +1172,11 @@ impl Host {
         let candidate = match candidate {
             Target::File(path) => self.validate(&load_file(path)?.def).await?,
             Target::Version(text) => {
-                let (_, def) = self.version(text).await?;
+                let (_, def) = self.find_version(text).await?;
                 self.validate(&def).await?
             }
         };
-        let (_, baseline_def) = self.version(baseline).await?;
+        let (_, baseline_def) = self.find_version(baseline).await?;
         let baseline = self.validate(&baseline_def).await?;
         let bench = crate::shadow::Bench {
             live: self.inner.store().clone(),
@@ -1039,14 +1220,16 @@ impl Host {
     /// Published workflows that declare `tool:` (exposed to MCP clients),
     /// with their latest definitions.
     pub async fn workflow_tools(&self) -> Result<Vec<(WorkflowVersion, WorkflowDef)>, Error> {
-        let mut out = Vec::new();
-        for w in self.inner.store().workflows().await? {
-            let (_, def) = self.version(&w.latest.to_string()).await?;
-            if def.tool.is_some() {
-                out.push((w.latest, def));
-            }
-        }
-        Ok(out)
+        let registered =
+            crate::loader::workflow_tools(&**self.inner.store(), self.inner.sandbox()).await?;
+        Ok(registered
+            .defs
+            .into_iter()
+            .filter_map(|(name, (_, def))| {
+                let version = registered.tools.get(&name)?.workflow?;
+                Some((version, def))
+            })
+            .collect())
     }
 }
 
@@ -1133,11 +1316,4 @@ fn plan_of(v: &Validated) -> Plan {
         eligibility: v.eligibility().clone(),
         long_lived: v.is_long_lived(),
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

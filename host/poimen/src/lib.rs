@@ -21,33 +21,69 @@
 //! # Ok(()) }
 //! ```
 
+mod audit;
+mod builder;
 pub mod diff;
+mod error;
+mod events;
 mod host;
 pub mod loader;
+mod metrics;
+mod plugins;
+pub mod policy;
 pub mod shadow;
 pub mod tools;
 pub mod wiring;
 
 pub use loader::{CheckError, check, fetch_subworkflows};
 
-// The crates below the facade, for embedders that need their vocabulary
-// (the CLI uses nothing else).
+pub use audit::{Audit, CallRecord, ToolCallAudit, VerdictAudit, VerificationAudit};
+pub use builder::PluginSource;
+pub use events::{EVENT_BUFFER, EventFilter, HostEvent, RunEvent};
+pub use host::RunHandle;
 pub use host::{
-    Audit, EffortMode, Episode, Error, Host, HostBuilder, Loaded, MAX_WORKFLOW_FILE_BYTES,
-    ModelChoice, OpenAiConfig, Parent, Plan, PlannedStep, Published, Rule, RunOptions, RunOutcome,
-    RunStatus, Target, load_file,
+    Armed, EffortMode, Episode, Error, Host, HostBuilder, Loaded, MAX_WORKFLOW_FILE_BYTES,
+    ModelChoice, OpenAiConfig, Parent, Plan, PlannedStep, Published, Retired, Retirement, Rule,
+    RunOptions, RunOutcome, RunStatus, Target, load_file,
 };
-pub use poimen_executor as executor;
+
+// Every type in the facade's public signatures, by name, so an embedder
+// needs no path into the crates below (they stay reachable whole, below,
+// for their full vocabulary).
+/// What [`Clock::sleep`] returns.
+pub use poimen_executor::effects::Sleep;
+pub use poimen_executor::episode::{CallOutcome, Recorded, VerdictOutcome, VerdictRecord};
 pub use poimen_executor::{
-    JudgmentError, JudgmentSubmission, OperatorError, Reconciliation, RunError, RunState,
-    StartError,
+    Clock, EpisodeEvent, Failure, FailureClass, JudgmentError, JudgmentSubmission, ModelProvider,
+    ModelRequest, ModelResponse, OperatorError, Receipt, Reconciliation, RunError, RunState,
+    ServeOptions, ServeReport, StartError, StepStatus, SystemClock, ToolIdentity, TraceCarrier,
+    Usage, Verdict,
 };
+pub use poimen_sandbox::policy::{Grant, LimitOverrides, Policy, PolicySource};
+pub use poimen_sandbox::{
+    BuildError, CallLimits, Capability, EffectClass, Entry, HostcallRecord, Inspection, Invocation,
+    InvokeError, LoadError, PluginKind, RefusedEntry, Replacement, ToolInfo, ToolRef,
+    WithheldEntry,
+};
+pub use poimen_store::{
+    GcReport, IdParseError, IntentPhase, IntentRecord, JudgmentId, JudgmentRecord, JudgmentStatus,
+    RunFilter, RunId, RunRecord, Store, StoreError, VersionRecord, WorkflowSummary,
+};
+pub use poimen_workflow::{
+    EligibilityReport, ParseError, StepId, Validated, ValidationError, WorkflowDef, WorkflowId,
+    WorkflowVersion,
+};
+
+/// Plugin versions are semantic versions.
+pub use semver;
+
+// The crates below the facade, for embedders that need their vocabulary.
+pub use poimen_executor as executor;
 pub use poimen_sandbox as sandbox;
 pub use poimen_store as store;
 pub use poimen_workflow as workflow;
 
 use async_trait::async_trait;
-use poimen_executor::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse};
 
 /// The model provider of a host configured without one: every model step
 /// fails as unavailable, naming the fix.

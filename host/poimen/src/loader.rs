@@ -111,8 +111,22 @@ async fn check_with(
     pins: Option<&Pins>,
 ) -> Result<Validated, CheckError> {
     let workflows = fetch_subworkflows(store, def).await?;
-    let live_tools = sandbox.tools();
+    let components = sandbox.tools();
     let live_verifiers = sandbox.verifiers();
+    // Workflows registered as tools, read only when a tool the definition
+    // names is not a component.
+    let needs_workflow_tools = tool_refs(def)
+        .into_iter()
+        .any(|r| components.resolve_tool(r).is_err());
+    let workflow_tools = if needs_workflow_tools {
+        workflow_tools(store, sandbox).await?.tools
+    } else {
+        BTreeMap::new()
+    };
+    let live_tools = WithWorkflowTools {
+        components: &components,
+        workflows: &workflow_tools,
+    };
     let tools = PinnedFallback {
         live: &live_tools,
         pinned: pins.map(|p| {
@@ -137,6 +151,152 @@ async fn check_with(
         workflows: &workflows,
     };
     poimen_workflow::validate(def, &registries).map_err(CheckError::Invalid)
+}
+
+/// Every tool reference of a definition's own steps: tool steps' tools and
+/// the tools model steps may call.
+fn tool_refs(def: &WorkflowDef) -> Vec<&ToolRef> {
+    let mut refs = Vec::new();
+    for s in &def.steps {
+        if let StepKind::Tool(t) = &s.kind {
+            refs.push(&t.tool);
+        }
+        refs.extend(s.tools.0.iter());
+    }
+    refs
+}
+
+/// Workflows registered as tools, by tool name.
+#[derive(Debug, Default)]
+pub struct WorkflowTools {
+    /// What a tool step resolves the name to.
+    pub tools: BTreeMap<String, ToolInfo>,
+    /// The workflow each name belongs to, and its definition.
+    pub defs: BTreeMap<String, (WorkflowId, WorkflowDef)>,
+    /// Names claimed by a component, or by an earlier workflow (by id), and
+    /// so not registered: (tool name, the workflow that declared it, who
+    /// holds the name).
+    pub collisions: Vec<(String, WorkflowId, String)>,
+}
+
+/// The workflows that declare `tool:`, each at its armed version (at its
+/// latest when it was never armed; a disarmed workflow is no tool), as
+/// tools: a call runs that version as a child run. A name a component has
+/// is the component's; of two workflows claiming one name, the first by id
+/// keeps it.
+pub async fn workflow_tools(
+    store: &dyn Store,
+    sandbox: &poimen_sandbox::PluginHost,
+) -> Result<WorkflowTools, CheckError> {
+    let components = sandbox.tools();
+    let mut out = WorkflowTools::default();
+    for w in store.workflows().await? {
+        let version = match store.armed(&w.workflow_id).await? {
+            Some(a) => match a.version {
+                Some(v) => v,
+                None => continue,
+            },
+            None => w.latest,
+        };
+        let Some(record) = store.version(&version).await? else {
+            continue;
+        };
+        let def = from_canonical(&record.canonical).map_err(|e| CheckError::Unreadable {
+            workflow: record.workflow_id.to_string(),
+            version,
+            detail: e.to_string(),
+        })?;
+        let Some(tool) = &def.tool else { continue };
+        let name = tool.name.clone().unwrap_or_else(|| def.id.to_string());
+        if let Ok(c) = components.resolve_tool(&ToolRef::any(name.clone())) {
+            out.collisions.push((
+                name,
+                def.id.clone(),
+                format!("the component `{}` {}", c.name, c.version),
+            ));
+            continue;
+        }
+        if let Some((holder, _)) = out.defs.get(&name) {
+            out.collisions
+                .push((name, def.id.clone(), format!("workflow `{holder}`")));
+            continue;
+        }
+        let info = workflow_tool_info(&name, version, &def, &components);
+        out.tools.insert(name.clone(), info);
+        out.defs.insert(name, (def.id.clone(), def));
+    }
+    for (name, workflow, holder) in &out.collisions {
+        tracing::warn!(%name, %workflow, %holder, "a workflow's tool name is taken; it is not registered as a tool");
+    }
+    Ok(out)
+}
+
+/// A workflow as a tool: its inputs and outputs are the contract, its
+/// version the digest; it can do what the components it calls can
+/// (capabilities, and the strongest effect class among them — anything it
+/// reaches that is not a component counts as non-idempotent).
+fn workflow_tool_info(
+    name: &str,
+    version: WorkflowVersion,
+    def: &WorkflowDef,
+    components: &impl ToolRegistry,
+) -> ToolInfo {
+    let mut effect = EffectClass::Pure;
+    let mut capabilities = Vec::new();
+    for r in tool_refs(def) {
+        match components.resolve_tool(r) {
+            Ok(info) => {
+                effect = effect.max(info.effect);
+                for c in info.capabilities {
+                    if !capabilities.contains(&c) {
+                        capabilities.push(c);
+                    }
+                }
+            }
+            Err(_) => effect = EffectClass::NonIdempotent,
+        }
+    }
+    if def
+        .steps
+        .iter()
+        .any(|s| matches!(s.kind, StepKind::SubWorkflow(_)))
+    {
+        effect = EffectClass::NonIdempotent;
+    }
+    ToolInfo {
+        name: name.to_owned(),
+        version: semver::Version::new(0, 0, 0),
+        digest: version.to_string(),
+        description: def
+            .tool
+            .as_ref()
+            .and_then(|t| t.description.clone())
+            .or_else(|| def.description.clone())
+            .unwrap_or_default(),
+        input_schema: def.inputs.clone().unwrap_or(Value::Bool(true)),
+        output_schema: def.outputs.clone().unwrap_or(Value::Bool(true)),
+        capabilities,
+        effect,
+        max_timeout_ms: None,
+        workflow: Some(version),
+    }
+}
+
+/// The components, then the workflows registered as tools.
+struct WithWorkflowTools<'a, R> {
+    components: &'a R,
+    workflows: &'a BTreeMap<String, ToolInfo>,
+}
+
+impl<R: ToolRegistry> ToolRegistry for WithWorkflowTools<'_, R> {
+    fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
+        self.components
+            .resolve_tool(tool)
+            .or_else(|u| match self.workflows.get(&tool.name) {
+                Some(info) if tool.version.matches(&info.version) => Ok(info.clone()),
+                _ => Err(u),
+            })
+    }
 }
 
 /// A registry that resolves what it can, and a reference it cannot to the
@@ -167,6 +327,8 @@ impl<R> PinnedFallback<'_, R> {
             output_schema: Value::Bool(true),
             capabilities: Vec::new(),
             effect: *effect,
+            max_timeout_ms: None,
+            workflow: None,
         })
     }
 }
@@ -202,6 +364,13 @@ impl StoreLoader {
             sandbox,
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Forgets every remembered version: the plugins changed, so a new run
+    /// must be validated (and pin its components) against what is loaded
+    /// now. Runs already started keep what they pinned.
+    pub fn forget(&self) {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// An already validated definition, ready to run (and remembered).

@@ -88,7 +88,9 @@ pub struct ShadowOptions {
     pub tools: ToolMode,
     /// Shadow runs at once (at least 1).
     pub workers: usize,
-    /// Called after each finished shadow run with (done, total).
+    /// Called with `(0, total)` once the recorded runs are selected (before
+    /// any shadow run), then after each finished shadow run with
+    /// `(done, total)`.
     pub progress: Option<Arc<dyn Fn(usize, usize) + Send + Sync>>,
 }
 
@@ -351,6 +353,9 @@ pub(crate) async fn evaluate(
         candidate.def().rubric.clone()
     };
     let total = selected.len();
+    if let Some(p) = &opts.progress {
+        p(0, total);
+    }
     let done = Arc::new(AtomicU32::new(0));
     let workers = opts.workers.max(1);
     let mut results: Vec<(usize, Result<RunComparison, ShadowError>)> =

@@ -54,4 +54,33 @@ impl Wiring {
             executor,
         }
     }
+
+    /// [`Wiring::new`], with ephemeral runs kept in `ephemeral` (the host
+    /// observes it as it observes `store`).
+    pub fn with_ephemeral_store(
+        store: Arc<dyn Store>,
+        ephemeral: Arc<dyn Store>,
+        sandbox: PluginHost,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        config: ExecutorConfig,
+    ) -> Wiring {
+        let tools = Arc::new(SandboxTools::new(sandbox.clone()));
+        let loader = Arc::new(StoreLoader::new(store.clone(), sandbox.clone()));
+        let executor = Executor::with_ephemeral_store(
+            store.clone(),
+            ephemeral,
+            tools,
+            models,
+            clock,
+            loader.clone(),
+            config,
+        );
+        Wiring {
+            store,
+            sandbox,
+            loader,
+            executor,
+        }
+    }
 }

@@ -591,9 +591,10 @@ async fn interpreter_parallel_join_any_takes_the_first_and_cancels_the_loser() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interpreter_cancel_mid_fanout_terminates_every_branch() {
     let h = harness(vec![]).await;
-    // Both branches call a guest that spins until interrupted.
+    // Both branches call a guest that spins until interrupted; the timeout is
+    // the most the default sandbox policy allows, far beyond the cancel below.
     let spin =
-        |id: &str| StepDef::tool(id, tool("adv-spin"), json!({})).with_timeout(Millis(600_000));
+        |id: &str| StepDef::tool(id, tool("adv-spin"), json!({})).with_timeout(Millis(10_000));
     let def = WorkflowDef::new("t.cancel")
         .with_step(StepDef::parallel("fan", ["a", "b"]))
         .with_step(spin("a"))
@@ -1722,6 +1723,51 @@ impl Store for Noting {
     }
     async fn in_flight_runs(&self) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
         self.inner.in_flight_runs().await
+    }
+    async fn set_wake(
+        &self,
+        run: &poimen_store::RunId,
+        at: Option<i64>,
+    ) -> poimen_store::StoreResult<()> {
+        self.inner.set_wake(run, at).await
+    }
+    async fn next_wake(&self) -> poimen_store::StoreResult<Option<i64>> {
+        self.inner.next_wake().await
+    }
+    async fn arm(
+        &self,
+        workflow: &poimen_workflow::WorkflowId,
+        version: Option<&poimen_workflow::WorkflowVersion>,
+        at: i64,
+    ) -> poimen_store::StoreResult<Option<poimen_store::ArmedRecord>> {
+        self.inner.arm(workflow, version, at).await
+    }
+    async fn armed(
+        &self,
+        workflow: &poimen_workflow::WorkflowId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::ArmedRecord>> {
+        self.inner.armed(workflow).await
+    }
+    async fn set_unload_deadline(
+        &self,
+        version: &poimen_workflow::WorkflowVersion,
+        deadline: i64,
+        at: i64,
+    ) -> poimen_store::StoreResult<()> {
+        self.inner.set_unload_deadline(version, deadline, at).await
+    }
+    async fn unload_deadline(
+        &self,
+        version: &poimen_workflow::WorkflowVersion,
+    ) -> poimen_store::StoreResult<Option<i64>> {
+        self.inner.unload_deadline(version).await
+    }
+    async fn gc(
+        &self,
+        before: i64,
+        dry_run: bool,
+    ) -> poimen_store::StoreResult<poimen_store::GcReport> {
+        self.inner.gc(before, dry_run).await
     }
 }
 

@@ -55,6 +55,11 @@ fn pooling(instances: u32) -> PoolingAllocationConfig {
         .total_core_instances(instances.saturating_mul(8))
         .total_memories(instances.saturating_mul(2))
         .total_tables(instances.saturating_mul(8))
+        // No one component may take a large share of the pool: one that
+        // needs more than this is refused at load, naming the limit.
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
         .total_stacks(instances)
         .total_gc_heaps(instances)
         .table_elements(MAX_TABLE_ELEMENTS / 8)
@@ -65,6 +70,17 @@ fn pooling(instances: u32) -> PoolingAllocationConfig {
         .decommit_batch_size(DECOMMIT_BATCH);
     p
 }
+
+/// Core instances one component may be made of. A Rust plugin is a
+/// handful; the Python and JavaScript runtimes (componentize-py,
+/// componentize-js) a few dozen at most.
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+
+/// Linear memories one component may have.
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
+
+/// Tables one component may have.
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 64;
 
 /// Freed instance slots decommitted per batch.
 const DECOMMIT_BATCH: usize = 32;
@@ -259,6 +275,30 @@ impl CompileCache {
         dir.join(format!("{digest_hex}-{}.cwasm", self.engine_hash))
     }
 
+    /// Where what the component's `describe` returned is kept, beside its
+    /// compiled form.
+    fn described_path(path: &Path) -> PathBuf {
+        path.with_extension("described")
+    }
+
+    /// What a cached component's `describe` returned, if this host kept it
+    /// (authenticated like the compiled form): a component is a pure
+    /// function of its bytes, so its description is too, and a hit need not
+    /// run its guest at load.
+    pub fn described(&self, digest_hex: &str) -> Option<Vec<u8>> {
+        let dir = self.dir.as_ref()?;
+        let path = Self::described_path(&self.path(dir, digest_hex));
+        let file = std::fs::read(&path).ok()?;
+        self.authenticated(&path, &file).map(<[u8]>::to_vec)
+    }
+
+    /// Keeps what an accepted component's `describe` returned.
+    pub fn keep_described(&self, digest_hex: &str, payload: &[u8]) {
+        let Some(dir) = &self.dir else { return };
+        let path = Self::described_path(&self.path(dir, digest_hex));
+        let _ = self.write(&path, payload);
+    }
+
     /// The compiled component for `bytes` (whose Blake3 is `digest_hex`),
     /// from the cache or compiled now (and not yet written).
     pub fn load(
@@ -320,6 +360,7 @@ impl CompileCache {
                 break;
             }
             if path != keep && std::fs::remove_file(&path).is_ok() {
+                let _ = std::fs::remove_file(Self::described_path(&path));
                 total = total.saturating_sub(len);
             }
         }
@@ -338,14 +379,21 @@ impl CompileCache {
         h.finalize()
     }
 
-    fn read(&self, engine: &Engine, path: &Path) -> Option<Component> {
-        let file = std::fs::read(path).ok()?;
+    /// The payload of the cache file at `path` whose contents are `file`,
+    /// if its MAC proves this installation wrote it under this name.
+    fn authenticated<'f>(&self, path: &Path, file: &'f [u8]) -> Option<&'f [u8]> {
         let rest = file.strip_prefix(MAGIC.as_slice())?;
         let (mac, payload) = rest.split_at_checked(32)?;
         // `blake3::Hash` compares in constant time.
         if self.mac(path, payload) != blake3::Hash::from_bytes(mac.try_into().ok()?) {
             return None;
         }
+        Some(payload)
+    }
+
+    fn read(&self, engine: &Engine, path: &Path) -> Option<Component> {
+        let file = std::fs::read(path).ok()?;
+        let payload = self.authenticated(path, &file)?;
         // SAFETY: `Component::deserialize` trusts its input to be wasmtime's
         // own output for this engine. This file is: its MAC, under a key
         // only this installation holds, proves this host wrote it (see

@@ -10,6 +10,7 @@ use std::time::Duration;
 use poimen_workflow::{SchemaViolation, Unresolved};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::Resource;
 use crate::policy::PolicyError;
 
 /// A tool's or verifier's own error, as the guest returned it.
@@ -66,6 +67,12 @@ pub enum InvokeError {
     /// The fuel budget was burnt.
     #[error("fuel budget of {limit} exhausted")]
     FuelExhausted { limit: u64 },
+    /// The call reached the limit of a bounded resource: files open at
+    /// once, bytes written to disk, directory depth, resources held, bytes
+    /// passed to the host in one call, values in its result. The guest was
+    /// stopped at that point (or its result refused).
+    #[error("{}", resource_exhausted(*.resource, *.limit))]
+    ResourceExhausted { resource: Resource, limit: u64 },
     /// The result (or error message) is larger than the output limit.
     #[error("output of {bytes} bytes is over the limit of {limit_bytes}")]
     OutputTooLarge { bytes: u64, limit_bytes: u64 },
@@ -149,6 +156,20 @@ fn output_tail(stderr: &str) -> String {
     format!("; the guest's output ends:\n  {}", tail.join("\n  "))
 }
 
+fn resource_exhausted(resource: Resource, limit: u64) -> String {
+    let mut s = format!(
+        "the call reached its limit of {limit} {}",
+        resource.describe()
+    );
+    match resource.policy_key() {
+        Some(key) => s.push_str(&format!(
+            "; a component that needs more can be given it in the policy: `[plugins.NAME] limits = {{ {key} = N }}`"
+        )),
+        None => s.push_str(" (a fixed bound of this host)"),
+    }
+    s
+}
+
 fn unresolved(u: &Unresolved) -> String {
     let mut s = format!("no {} matches `{}@{}`", u.registry, u.name, u.requested);
     if !u.available_versions.is_empty() {
@@ -193,6 +214,7 @@ impl InvokeError {
             InvokeError::Timeout { .. } => "timeout",
             InvokeError::MemoryExhausted { .. } => "memory_exhausted",
             InvokeError::FuelExhausted { .. } => "fuel_exhausted",
+            InvokeError::ResourceExhausted { .. } => "resource_exhausted",
             InvokeError::OutputTooLarge { .. } => "output_too_large",
             InvokeError::StackOverflow => "stack_overflow",
             InvokeError::GuestPanicked { .. } => "guest_panicked",
@@ -265,6 +287,17 @@ pub enum LoadError {
         first: String,
         second: String,
     },
+    #[error(
+        "no component `{name}`{} is loaded (loaded: {}); load it instead of replacing or removing it",
+        .version.as_ref().map(|v| format!("@{v}")).unwrap_or_default(),
+        if .loaded.is_empty() { "none".to_owned() } else { .loaded.join(", ") }
+    )]
+    NotLoaded {
+        name: String,
+        version: Option<String>,
+        /// The names that are loaded.
+        loaded: Vec<String>,
+    },
 }
 
 impl LoadError {
@@ -280,6 +313,7 @@ impl LoadError {
             | LoadError::CapabilityDenied { origin, .. }
             | LoadError::ReservedName { origin, .. } => origin,
             LoadError::Conflict { second, .. } => second,
+            LoadError::NotLoaded { name, .. } => name,
         }
     }
 }
@@ -296,6 +330,9 @@ pub enum BuildError {
     Cache { path: String, message: String },
     #[error("plugin directory {path}: {message}")]
     PluginDir { path: String, message: String },
+    /// The directory calls' scratch space lives under cannot be used.
+    #[error("scratch directory {path}: {message}")]
+    Scratch { path: String, message: String },
     /// Components were refused; every one is listed.
     #[error("{}", Refused(.0))]
     Refused(Vec<LoadError>),

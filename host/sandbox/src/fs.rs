@@ -10,8 +10,23 @@
 //! what it lets through, and a path it refuses (a symlink leading out) is
 //! recorded as a refusal too. Knows nothing of policy files: the mounts it
 //! enforces come from the invocation's grants.
+//!
+//! It also keeps what the guest can make the host hold within the call's
+//! limits: a path (argument or resolved) longer than [`MAX_PATH_BYTES`] is
+//! refused with `name-too-long` before it is resolved; files and directory
+//! listings open at once are counted against `open_files`; bytes written
+//! (through `write`, `set-size` growth, and the streams `write-via-stream`
+//! and `append-via-stream` hand out, which it wraps) and entries created
+//! ([`ENTRY_BYTES`] each) against `disk_bytes`; a directory or file created
+//! deeper than [`MAX_DIRECTORY_DEPTH`] below its mount is refused; and a
+//! directory listing, which the host reads whole, is charged to the call's
+//! memory while it is open. Past a limit the guest is trapped with
+//! [`LimitHit`] (or the memory limit's own error): a quota is not an
+//! error code a guest may ignore.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::component::{HasData, Resource};
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
@@ -21,9 +36,16 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     OpenFlags,
 };
 use wasmtime_wasi::p2::{FsError, FsResult};
-use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
+use wasmtime_wasi_io::bytes::Bytes;
+use wasmtime_wasi_io::poll::Pollable;
+use wasmtime_wasi_io::streams::{
+    DynInputStream, DynOutputStream, OutputStream, StreamError, StreamResult,
+};
 
-use crate::record::{Journal, Refusal};
+use crate::limits::{
+    LimitHit, MAX_DIRECTORY_DEPTH, MAX_PATH_BYTES, MemoryLimiter, Resource as Bounded,
+};
+use crate::record::{Journal, Refusal, cut};
 
 const TYPES: &str = "wasi:filesystem/types";
 const PREOPENS: &str = "wasi:filesystem/preopens";
@@ -38,15 +60,85 @@ pub(crate) struct Mount {
     pub capability: String,
 }
 
-/// Per-invocation filesystem state: the mounts and the guest path behind
-/// each open descriptor.
-#[derive(Debug, Default)]
+/// What creating one directory entry (a directory, a file, a link) costs
+/// against the disk quota: about an inode and a block, whatever its size.
+pub(crate) const ENTRY_BYTES: u64 = 4096;
+
+/// The call's disk quota, shared with the streams it hands out.
+#[derive(Debug)]
+pub(crate) struct DiskBudget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl DiskBudget {
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(DiskBudget {
+            used: AtomicU64::new(0),
+            limit,
+        })
+    }
+
+    /// Charges `bytes`, or says the quota is spent (charging nothing).
+    pub fn charge(&self, bytes: u64) -> Result<(), LimitHit> {
+        let hit = LimitHit {
+            resource: Bounded::DiskBytes,
+            limit: self.limit,
+        };
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|&total| total <= self.limit)
+            })
+            .map(drop)
+            .map_err(|_| hit)
+    }
+
+    /// Bytes charged so far.
+    #[cfg(test)]
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+}
+
+/// Per-invocation filesystem state: the mounts, the guest path behind each
+/// open descriptor, what the call holds open, and its disk quota.
+#[derive(Debug)]
 pub(crate) struct FsTracker {
     pub mounts: Vec<Mount>,
     paths: HashMap<u32, String>,
+    /// Descriptors opened by `open-at` (the preopens are the host's).
+    opened: HashSet<u32>,
+    /// Open directory listings and the memory each is charged.
+    listings: HashMap<u32, u64>,
+    /// How many of the two may be open at once.
+    open_files: usize,
+    pub disk: Arc<DiskBudget>,
 }
 
 impl FsTracker {
+    pub fn new(open_files: u32, disk_bytes: u64) -> Self {
+        FsTracker {
+            mounts: Vec::new(),
+            paths: HashMap::new(),
+            opened: HashSet::new(),
+            listings: HashMap::new(),
+            open_files: usize::try_from(open_files).unwrap_or(usize::MAX),
+            disk: DiskBudget::new(disk_bytes),
+        }
+    }
+
+    /// Traps the guest if it holds as many files and listings open as it
+    /// may.
+    fn room_to_open(&self) -> Result<(), FsError> {
+        if self.opened.len() + self.listings.len() >= self.open_files {
+            return Err(FsError::trap(LimitHit {
+                resource: Bounded::OpenFiles,
+                limit: self.open_files as u64,
+            }));
+        }
+        Ok(())
+    }
+
     fn path_of(&self, fd: &Resource<Descriptor>) -> String {
         self.paths
             .get(&fd.rep())
@@ -85,6 +177,12 @@ fn resolve(mount: &Mount, base: &str, path: &str) -> Result<String, &'static str
     Ok(format!("/{}", parts.join("/")))
 }
 
+/// How many components `target` lies below `mount`.
+fn depth_below(mount: &Mount, target: &str) -> usize {
+    let count = |p: &str| p.split('/').filter(|c| !c.is_empty()).count();
+    count(target).saturating_sub(count(&mount.guest))
+}
+
 fn code(e: &FsError) -> String {
     match e.downcast_ref() {
         Some(c) => format!("error: {c:?}"),
@@ -111,6 +209,7 @@ pub(crate) struct RecordingFs<'a> {
     pub inner: WasiFilesystemCtxView<'a>,
     pub tracker: &'a mut FsTracker,
     pub journal: &'a Journal,
+    pub limiter: &'a mut MemoryLimiter,
 }
 
 /// Marker for `add_to_linker`.
@@ -131,16 +230,61 @@ impl RecordingFs<'_> {
         write: bool,
     ) -> Result<String, FsError> {
         let base = self.tracker.path_of(fd);
+        if path.len() > MAX_PATH_BYTES {
+            return Err(self.too_long(function, &base, path));
+        }
         let Some(mount) = self.tracker.mount_of(&base).cloned() else {
             return Ok(format!("{base}/{path}"));
         };
         let (why, attempted) = match resolve(&mount, &base, path) {
+            Ok(target) if target.len() > MAX_PATH_BYTES => {
+                return Err(self.too_long(function, &base, path));
+            }
             Ok(target) if write && !mount.writable => ("the mount is read-only", target),
             Ok(target) => return Ok(target),
             Err(why) => (why, format!("{base} + {path}")),
         };
         self.refuse(function, &mount.capability, attempted, why);
         Err(ErrorCode::NotPermitted.into())
+    }
+
+    /// As [`check`](Self::check) for a call that creates an entry: it must
+    /// lie within [`MAX_DIRECTORY_DEPTH`] of its mount, and costs
+    /// [`ENTRY_BYTES`] of the disk quota.
+    fn check_create(
+        &mut self,
+        function: &str,
+        fd: &Resource<Descriptor>,
+        path: &str,
+    ) -> Result<String, FsError> {
+        let target = self.check(function, fd, path, true)?;
+        let base = self.tracker.path_of(fd);
+        if let Some(mount) = self.tracker.mount_of(&base)
+            && depth_below(mount, &target) > MAX_DIRECTORY_DEPTH
+        {
+            return Err(FsError::trap(LimitHit {
+                resource: Bounded::DirectoryDepth,
+                limit: MAX_DIRECTORY_DEPTH as u64,
+            }));
+        }
+        self.tracker
+            .disk
+            .charge(ENTRY_BYTES)
+            .map_err(FsError::trap)?;
+        Ok(target)
+    }
+
+    /// Records a path refused for its length (cut, for the record) and
+    /// returns the guest's error.
+    fn too_long(&mut self, function: &str, base: &str, path: &str) -> FsError {
+        let shown = cut(path.chars().take(64).collect(), 64);
+        self.journal.call(
+            TYPES,
+            function,
+            format!("{base} + {shown} ({} bytes)", path.len()),
+            format!("refused: longer than {MAX_PATH_BYTES} bytes"),
+        );
+        ErrorCode::NameTooLong.into()
     }
 
     fn refuse(&mut self, function: &str, capability: &str, attempted: String, why: &str) {
@@ -285,6 +429,13 @@ impl HostDescriptor for RecordingFs<'_> {
 
     async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
         let p = self.check_write("[method]descriptor.set-size", &fd)?;
+        let now = HostDescriptor::stat(&mut self.inner, fd.clone_handle())
+            .await
+            .map_or(0, |s| s.size);
+        self.tracker
+            .disk
+            .charge(size.saturating_sub(now))
+            .map_err(FsError::trap)?;
         let r = HostDescriptor::set_size(&mut self.inner, fd, size).await;
         self.note(
             "[method]descriptor.set-size",
@@ -339,6 +490,7 @@ impl HostDescriptor for RecordingFs<'_> {
     ) -> FsResult<types::Filesize> {
         let p = self.check_write("[method]descriptor.write", &fd)?;
         let n = buf.len();
+        self.tracker.disk.charge(n as u64).map_err(FsError::trap)?;
         let r = HostDescriptor::write(&mut self.inner, fd, buf, offset).await;
         self.note(
             "[method]descriptor.write",
@@ -353,7 +505,26 @@ impl HostDescriptor for RecordingFs<'_> {
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let p = self.tracker.path_of(&fd);
+        self.tracker.room_to_open()?;
+        // The host reads a listing whole into memory: measured first, and
+        // charged to the call's memory for as long as it is open.
+        let bytes = match self.inner.table.get(&fd)? {
+            wasmtime_wasi::filesystem::Descriptor::Dir(d) => {
+                let dir = d.dir.clone();
+                tokio::task::spawn_blocking(move || listing_bytes(&dir))
+                    .await
+                    .unwrap_or(0)
+            }
+            wasmtime_wasi::filesystem::Descriptor::File(_) => 0,
+        };
+        self.limiter.charge_host(bytes).map_err(FsError::trap)?;
         let r = HostDescriptor::read_directory(&mut self.inner, fd).await;
+        match &r {
+            Ok(stream) => {
+                self.tracker.listings.insert(stream.rep(), bytes);
+            }
+            Err(_) => self.limiter.release_host(bytes),
+        }
         self.note("[method]descriptor.read-directory", p, &r);
         r
     }
@@ -371,7 +542,7 @@ impl HostDescriptor for RecordingFs<'_> {
         path: String,
     ) -> FsResult<()> {
         const F: &str = "[method]descriptor.create-directory-at";
-        let target = self.check(F, &fd, &path, true)?;
+        let target = self.check_create(F, &fd, &path)?;
         let r = HostDescriptor::create_directory_at(&mut self.inner, fd.clone_handle(), path).await;
         self.note_path(F, &fd, &target, &r);
         r
@@ -434,7 +605,7 @@ impl HostDescriptor for RecordingFs<'_> {
     ) -> FsResult<()> {
         const F: &str = "[method]descriptor.link-at";
         let from = self.check(F, &fd, &old_path, true)?;
-        let to = self.check(F, &new_descriptor, &new_path, true)?;
+        let to = self.check_create(F, &new_descriptor, &new_path)?;
         let r = HostDescriptor::link_at(
             &mut self.inner,
             fd.clone_handle(),
@@ -457,7 +628,12 @@ impl HostDescriptor for RecordingFs<'_> {
         flags: DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
         const F: &str = "[method]descriptor.open-at";
-        let target = self.check(F, &fd, &path, writes(oflags, flags))?;
+        let target = if oflags.contains(OpenFlags::CREATE) {
+            self.check_create(F, &fd, &path)?
+        } else {
+            self.check(F, &fd, &path, writes(oflags, flags))?
+        };
+        self.tracker.room_to_open()?;
         let r = HostDescriptor::open_at(
             &mut self.inner,
             fd.clone_handle(),
@@ -469,6 +645,7 @@ impl HostDescriptor for RecordingFs<'_> {
         .await;
         if let Ok(new) = &r {
             self.tracker.paths.insert(new.rep(), target.clone());
+            self.tracker.opened.insert(new.rep());
         }
         self.note_path(
             F,
@@ -481,6 +658,7 @@ impl HostDescriptor for RecordingFs<'_> {
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
         self.tracker.paths.remove(&fd.rep());
+        self.tracker.opened.remove(&fd.rep());
         HostDescriptor::drop(&mut self.inner, fd)
     }
 
@@ -513,7 +691,7 @@ impl HostDescriptor for RecordingFs<'_> {
     ) -> FsResult<()> {
         const F: &str = "[method]descriptor.rename-at";
         let from = self.check(F, &fd, &old_path, true)?;
-        let to = self.check(F, &new_fd, &new_path, true)?;
+        let to = self.check_create(F, &new_fd, &new_path)?;
         let r = HostDescriptor::rename_at(
             &mut self.inner,
             fd.clone_handle(),
@@ -533,7 +711,11 @@ impl HostDescriptor for RecordingFs<'_> {
         dest_path: String,
     ) -> FsResult<()> {
         const F: &str = "[method]descriptor.symlink-at";
-        let to = self.check(F, &fd, &dest_path, true)?;
+        if src_path.len() > MAX_PATH_BYTES {
+            let base = self.tracker.path_of(&fd);
+            return Err(self.too_long(F, &base, &src_path));
+        }
+        let to = self.check_create(F, &fd, &dest_path)?;
         let r = HostDescriptor::symlink_at(
             &mut self.inner,
             fd.clone_handle(),
@@ -574,7 +756,8 @@ impl HostDescriptor for RecordingFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
         let p = self.check_write("[method]descriptor.write-via-stream", &fd)?;
-        let r = HostDescriptor::write_via_stream(&mut self.inner, fd, offset);
+        let r = HostDescriptor::write_via_stream(&mut self.inner, fd, offset)
+            .and_then(|stream| self.metered(stream));
         self.note(
             "[method]descriptor.write-via-stream",
             format!("{p} offset={offset}"),
@@ -588,7 +771,8 @@ impl HostDescriptor for RecordingFs<'_> {
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
         let p = self.check_write("[method]descriptor.append-via-stream", &fd)?;
-        let r = HostDescriptor::append_via_stream(&mut self.inner, fd);
+        let r = HostDescriptor::append_via_stream(&mut self.inner, fd)
+            .and_then(|stream| self.metered(stream));
         self.note("[method]descriptor.append-via-stream", p, &r);
         r
     }
@@ -656,8 +840,84 @@ impl HostDirectoryEntryStream for RecordingFs<'_> {
     }
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
+        if let Some(bytes) = self.tracker.listings.remove(&stream.rep()) {
+            self.limiter.release_host(bytes);
+        }
         HostDirectoryEntryStream::drop(&mut self.inner, stream)
     }
+}
+
+impl RecordingFs<'_> {
+    /// Puts a file's output stream behind the disk quota: the same
+    /// resource, its stream wrapped.
+    fn metered(
+        &mut self,
+        stream: Resource<DynOutputStream>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let inner = self.inner.table.delete(stream)?;
+        let wrapped: DynOutputStream = Box::new(Metered {
+            inner,
+            disk: self.tracker.disk.clone(),
+        });
+        Ok(self.inner.table.push(wrapped)?)
+    }
+}
+
+/// A file's output stream whose every byte is charged to the call's disk
+/// quota; past it, the guest is trapped.
+struct Metered {
+    inner: DynOutputStream,
+    disk: Arc<DiskBudget>,
+}
+
+#[wasmtime_wasi_io::async_trait]
+impl Pollable for Metered {
+    async fn ready(&mut self) {
+        self.inner.ready().await;
+    }
+}
+
+#[wasmtime_wasi_io::async_trait]
+impl OutputStream for Metered {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.disk
+            .charge(bytes.len() as u64)
+            .map_err(|hit| StreamError::Trap(hit.into()))?;
+        self.inner.write(bytes)
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        self.inner.flush()
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        self.inner.check_write()
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await;
+    }
+}
+
+/// Roughly what the host holds to list `dir`: each entry's name and the
+/// few dozen bytes around it.
+fn listing_bytes(dir: &std::fs::File) -> u64 {
+    use rustix::fs::{Mode, OFlags};
+    const PER_ENTRY: u64 = 64;
+    // The descriptor may be open for lookups only: list through a fresh one.
+    let Ok(entries) = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(rustix::fs::Dir::new) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_bytes().len() as u64 + PER_ENTRY)
+        .sum()
 }
 
 /// A borrowed copy of a descriptor handle, to keep using it for the record
@@ -723,10 +983,8 @@ mod tests {
 
     #[test]
     fn the_longest_mount_wins() {
-        let t = FsTracker {
-            mounts: vec![mount("/data"), mount("/data/inner")],
-            paths: HashMap::new(),
-        };
+        let mut t = FsTracker::new(8, 1 << 20);
+        t.mounts = vec![mount("/data"), mount("/data/inner")];
         assert_eq!(
             t.mount_of("/data/inner/x").map(|m| m.guest.as_str()),
             Some("/data/inner")
@@ -736,6 +994,25 @@ mod tests {
             Some("/data")
         );
         assert!(t.mount_of("/datax").is_none());
+    }
+
+    #[test]
+    fn depth_is_counted_below_the_mount() {
+        let m = mount("/data");
+        assert_eq!(depth_below(&m, "/data"), 0);
+        assert_eq!(depth_below(&m, "/data/a/b"), 2);
+        assert_eq!(depth_below(&mount("/a/b"), "/a/b/c"), 1);
+    }
+
+    #[test]
+    fn the_disk_quota_is_charged_up_to_its_limit_and_no_further() {
+        let d = DiskBudget::new(10);
+        assert_eq!(d.charge(6), Ok(()));
+        let hit = d.charge(5).expect_err("over");
+        assert_eq!((hit.resource, hit.limit), (Bounded::DiskBytes, 10));
+        assert_eq!(d.used(), 6, "a refused charge charges nothing");
+        assert_eq!(d.charge(4), Ok(()));
+        assert!(d.charge(u64::MAX).is_err(), "no overflow");
     }
 
     #[test]

@@ -33,12 +33,16 @@ mod host;
 mod http;
 pub mod imports;
 pub mod limits;
-pub mod policy;
 pub mod record;
 mod registry;
 mod schema;
+mod scratch;
 mod sockets;
 mod state;
+
+/// The capability policy, read by `poimen-policy`: re-exported whole, so a
+/// host's embedder needs no other crate to build one.
+pub use poimen_policy as policy;
 
 pub use engine::CacheOutcome;
 #[doc(hidden)]
@@ -50,11 +54,11 @@ pub use host::{
 };
 pub use host::{Tools, Verifiers};
 pub use imports::{Import, ImportClass};
-pub use limits::CallLimits;
+pub use limits::{CallLimits, Resource};
 pub use poimen_workflow::{
     Capability, EffectClass, Ineligibility, SchemaViolation, ToolInfo, ToolRef, shadow_eligibility,
 };
 pub use poimen_workflow::{ToolRegistry, VerifierRegistry};
 pub use policy::{Grant, LimitOverrides, Policy, PolicySource};
 pub use record::{HostcallRecord, WIT_PACKAGE};
-pub use registry::{Entry, PluginKind, RefusedEntry, WithheldEntry};
+pub use registry::{Entry, PluginKind, RefusedEntry, Replacement, WithheldEntry};

@@ -18,13 +18,22 @@
 //!   and stderr (counted by the capture pipes). Environment, stdin and
 //!   terminal queries are served empty and not counted.
 //!
+//! The journal is bounded per invocation, like everything else a guest can
+//! make the host hold: the first [`JOURNAL_MAX_ENTRIES`] calls (within
+//! [`JOURNAL_MAX_BYTES`], each argument and result cut to
+//! [`JOURNAL_MAX_FIELD_BYTES`]) and [`MAX_REFUSALS`] refusals are recorded
+//! one by one; the rest are counted per function in [`Omitted`].
+//!
 //! This module knows nothing of wasmtime; it holds plain data.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::CallLimits;
+use crate::limits::{
+    CallLimits, JOURNAL_MAX_BYTES, JOURNAL_MAX_ENTRIES, JOURNAL_MAX_FIELD_BYTES, MAX_REFUSALS,
+};
 use crate::policy::Grant;
 
 /// The WIT package every record's tool speaks.
@@ -159,13 +168,55 @@ pub struct HostcallRecord {
     pub host_calls: Vec<HostCall>,
     /// Refused capability uses.
     pub refusals: Vec<Refusal>,
+    /// Host calls and refusals past the journal's bounds, counted.
+    #[serde(default, skip_serializing_if = "Omitted::is_empty")]
+    pub omitted: Omitted,
     pub baseline: Baseline,
     pub outcome: Outcome,
     /// Fuel burnt; `None` when the host does not meter fuel or no guest ran.
     pub fuel_consumed: Option<u64>,
+    /// The most memory the guest held at once, in bytes: its linear
+    /// memories plus what the host kept on its behalf (charged to the same
+    /// budget, [`CallLimits::memory_bytes`]). `None` when no guest ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
     /// Wall time from lookup to outcome, in microseconds (volatile).
     pub wall_time_us: u64,
     pub stderr: Captured,
+}
+
+/// What the journal counted instead of recording: host calls past
+/// [`JOURNAL_MAX_ENTRIES`] or [`JOURNAL_MAX_BYTES`], by `interface
+/// function`, and refusals past [`MAX_REFUSALS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Omitted {
+    /// Host calls counted, not recorded.
+    pub host_calls: u64,
+    /// The same, per `interface function` (a few dozen keys at most).
+    pub by_function: BTreeMap<String, u64>,
+    /// Refusals counted, not recorded.
+    pub refusals: u64,
+}
+
+impl Omitted {
+    /// Nothing was left out.
+    pub fn is_empty(&self) -> bool {
+        self.host_calls == 0 && self.refusals == 0
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, marked `…`
+/// where it was cut.
+pub(crate) fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
 }
 
 /// Blake3 of `bytes`, `b3:`-prefixed lowercase hex.
@@ -175,6 +226,7 @@ pub fn b3(bytes: &[u8]) -> String {
 
 /// Host calls and refusals of one invocation, shared by the pieces that
 /// see them (the filesystem wrapper, the HTTP hook and its response future).
+/// Bounded: see the module's documentation.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Journal(Arc<Mutex<JournalInner>>);
 
@@ -182,7 +234,14 @@ pub(crate) struct Journal(Arc<Mutex<JournalInner>>);
 pub(crate) struct JournalInner {
     pub calls: Vec<HostCall>,
     pub refusals: Vec<Refusal>,
+    pub omitted: Omitted,
+    /// Bytes of argument and result text recorded so far.
+    bytes: usize,
 }
+
+/// The index of a call that was counted, not recorded: its result is not
+/// kept either.
+const NOT_RECORDED: usize = usize::MAX;
 
 impl Journal {
     fn with<R>(&self, f: impl FnOnce(&mut JournalInner) -> R) -> R {
@@ -194,6 +253,18 @@ impl Journal {
     /// Appends a call; returns its index, to fill in the result later.
     pub fn call(&self, interface: &str, function: &str, args: String, result: String) -> usize {
         self.with(|j| {
+            let args = cut(args, JOURNAL_MAX_FIELD_BYTES);
+            let result = cut(result, JOURNAL_MAX_FIELD_BYTES);
+            let size = args.len() + result.len();
+            if j.calls.len() >= JOURNAL_MAX_ENTRIES || j.bytes + size > JOURNAL_MAX_BYTES {
+                j.omitted.host_calls += 1;
+                *j.omitted
+                    .by_function
+                    .entry(format!("{interface} {function}"))
+                    .or_default() += 1;
+                return NOT_RECORDED;
+            }
+            j.bytes += size;
             j.calls.push(HostCall {
                 interface: interface.to_owned(),
                 function: function.to_owned(),
@@ -207,20 +278,31 @@ impl Journal {
     pub fn set_result(&self, index: usize, result: String) {
         self.with(|j| {
             if let Some(c) = j.calls.get_mut(index) {
+                let result = cut(result, JOURNAL_MAX_FIELD_BYTES);
+                j.bytes = (j.bytes + result.len()).saturating_sub(c.result.len());
                 c.result = result;
             }
         });
     }
 
-    pub fn refuse(&self, refusal: Refusal) {
-        self.with(|j| j.refusals.push(refusal));
+    pub fn refuse(&self, mut refusal: Refusal) {
+        self.with(|j| {
+            if j.refusals.len() >= MAX_REFUSALS {
+                j.omitted.refusals += 1;
+                return;
+            }
+            refusal.attempted = cut(refusal.attempted, JOURNAL_MAX_FIELD_BYTES);
+            j.refusals.push(refusal);
+        });
     }
 
-    pub fn take(&self) -> (Vec<HostCall>, Vec<Refusal>) {
+    pub fn take(&self) -> (Vec<HostCall>, Vec<Refusal>, Omitted) {
         self.with(|j| {
+            j.bytes = 0;
             (
                 std::mem::take(&mut j.calls),
                 std::mem::take(&mut j.refusals),
+                std::mem::take(&mut j.omitted),
             )
         })
     }
@@ -245,10 +327,61 @@ mod tests {
             attempted: "GET http://b/".into(),
             why: "not allowed".into(),
         });
-        let (calls, refusals) = j.take();
+        let (calls, refusals, omitted) = j.take();
         assert_eq!(calls[0].result, "ok: 200");
         assert_eq!(refusals.len(), 1);
+        assert!(omitted.is_empty());
         assert_eq!(j.take().1.len(), 0, "taken");
+    }
+
+    #[test]
+    fn the_journal_is_bounded_and_counts_what_it_leaves_out() {
+        let j = Journal::default();
+        for i in 0..JOURNAL_MAX_ENTRIES + 10 {
+            let index = j.call(
+                "wasi:filesystem/types",
+                "stat",
+                format!("/scratch/{i}"),
+                "ok".into(),
+            );
+            j.set_result(index, "ok: again".into());
+        }
+        // One argument the size of a long path is cut.
+        j.call(
+            "wasi:filesystem/types",
+            "open-at",
+            "x".repeat(1 << 20),
+            String::new(),
+        );
+        for _ in 0..MAX_REFUSALS + 3 {
+            j.refuse(Refusal {
+                capability: "http".into(),
+                attempted: "y".repeat(1 << 20),
+                why: "no".into(),
+            });
+        }
+        let (calls, refusals, omitted) = j.take();
+        assert_eq!(calls.len(), JOURNAL_MAX_ENTRIES);
+        assert_eq!(omitted.host_calls, 11);
+        assert_eq!(omitted.by_function["wasi:filesystem/types stat"], 10);
+        assert_eq!(omitted.by_function["wasi:filesystem/types open-at"], 1);
+        assert_eq!(refusals.len(), MAX_REFUSALS);
+        assert_eq!(omitted.refusals, 3);
+        assert!(refusals[0].attempted.len() <= JOURNAL_MAX_FIELD_BYTES + '…'.len_utf8());
+        let kept: usize = calls.iter().map(|c| c.args.len() + c.result.len()).sum();
+        assert!(kept <= JOURNAL_MAX_BYTES, "{kept}");
+
+        // Bytes bound too: long arguments fill it before the entry count.
+        let j = Journal::default();
+        for _ in 0..JOURNAL_MAX_ENTRIES {
+            j.call("i", "f", "z".repeat(4096), String::new());
+        }
+        let (calls, _, omitted) = j.take();
+        assert!(calls.len() < JOURNAL_MAX_ENTRIES);
+        assert_eq!(
+            calls.len() as u64 + omitted.host_calls,
+            JOURNAL_MAX_ENTRIES as u64
+        );
     }
 
     #[test]

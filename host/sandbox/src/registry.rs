@@ -60,6 +60,7 @@ pub(crate) struct Loaded {
     pub limits: CallLimits,
     pub cache: CacheOutcome,
     pub describe_record: HostcallRecord,
+    pub describe_cached: bool,
     /// `info.output_schema`, compiled at load; a tool's every result is
     /// checked against it (a verifier's result is a verdict, not JSON).
     pub output_schema: OutputSchema,
@@ -84,6 +85,11 @@ pub struct Entry {
     pub cache: CacheOutcome,
     /// The record of the `describe` call made at load.
     pub describe_record: HostcallRecord,
+    /// Whether the description came from the compile cache, authenticated
+    /// and keyed by the component's digest, instead of a `describe` call
+    /// (a hit never runs the guest at load).
+    #[serde(default)]
+    pub describe_cached: bool,
 }
 
 impl Loaded {
@@ -98,6 +104,7 @@ impl Loaded {
             eligibility: shadow_eligibility(&self.info.capabilities, self.info.effect),
             cache: self.cache,
             describe_record: self.describe_record.clone(),
+            describe_cached: self.describe_cached,
         }
     }
 }
@@ -125,11 +132,23 @@ pub struct RefusedEntry {
     pub reason: String,
 }
 
+/// What replacing a component did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replacement {
+    /// The component now loaded under the name.
+    pub loaded: Entry,
+    /// The ones it replaced: still served to calls that pin their digest.
+    pub retired: Vec<Entry>,
+}
+
 /// Everything loaded, by kind then name, versions ascending.
 #[derive(Default)]
 pub(crate) struct Registry {
     tools: BTreeMap<String, Vec<Arc<Loaded>>>,
     verifiers: BTreeMap<String, Vec<Arc<Loaded>>>,
+    /// Replaced components: resolved only by a caller that pins their
+    /// digest (a run that started on one finishes on it).
+    retired: Vec<Arc<Loaded>>,
     /// Components withheld for want of a grant.
     withheld: Vec<WithheldEntry>,
     /// Components from plugin directories the host refused (it started
@@ -210,6 +229,10 @@ impl Registry {
             .rev()
             .filter(|v| r.version.matches(&v.info.version));
         let Some(highest) = matching.next() else {
+            // Replaced by another version: a pinned caller still gets its own.
+            if let Some(pinned) = digest.and_then(|d| self.retired_with(kind, r, d)) {
+                return Ok(pinned);
+            }
             if let Some(w) = self.withheld.iter().find(|w| {
                 w.kind == kind && w.info.name == r.name && r.version.matches(&w.info.version)
             }) {
@@ -238,13 +261,102 @@ impl Registry {
             Some(d) if highest.info.digest == d => Ok(highest.clone()),
             Some(d) => match matching.find(|v| v.info.digest == d) {
                 Some(pinned) => Ok(pinned.clone()),
-                None => Err(InvokeError::DigestMismatch {
-                    tool: r.to_string(),
-                    expected: d.to_owned(),
-                    found: highest.info.digest.clone(),
-                }),
+                None => match self.retired_with(kind, r, d) {
+                    Some(pinned) => Ok(pinned),
+                    None => Err(InvokeError::DigestMismatch {
+                        tool: r.to_string(),
+                        expected: d.to_owned(),
+                        found: highest.info.digest.clone(),
+                    }),
+                },
             },
         }
+    }
+
+    /// The retired component `r` names with exactly this digest.
+    fn retired_with(&self, kind: PluginKind, r: &ToolRef, digest: &str) -> Option<Arc<Loaded>> {
+        self.retired
+            .iter()
+            .find(|l| {
+                l.kind == kind
+                    && l.info.name == r.name
+                    && l.info.digest == digest
+                    && r.version.matches(&l.info.version)
+            })
+            .cloned()
+    }
+
+    /// Whether a component of this kind and name is loaded.
+    pub fn has(&self, kind: PluginKind, name: &str) -> bool {
+        self.map(kind).get(name).is_some_and(|v| !v.is_empty())
+    }
+
+    /// Takes every loaded version of `name` out of resolution, keeping each
+    /// for calls that pin its digest; returns them.
+    pub fn retire(&mut self, kind: PluginKind, name: &str) -> Vec<Entry> {
+        let map = match kind {
+            PluginKind::Tool => &mut self.tools,
+            PluginKind::Verifier => &mut self.verifiers,
+        };
+        let gone = map.remove(name).unwrap_or_default();
+        let entries = gone.iter().map(|l| l.entry()).collect();
+        for l in gone {
+            if !self.retired.iter().any(|r| r.info.digest == l.info.digest) {
+                self.retired.push(l);
+            }
+        }
+        entries
+    }
+
+    /// Unloads `name` (every version, or `version`), retired and withheld
+    /// ones included; returns what was loaded or retired.
+    pub fn remove(&mut self, name: &str, version: Option<&semver::Version>) -> Vec<Entry> {
+        let hit = |l: &Loaded| l.info.name == name && version.is_none_or(|v| &l.info.version == v);
+        let mut removed = Vec::new();
+        for map in [&mut self.tools, &mut self.verifiers] {
+            if let Some(versions) = map.get_mut(name) {
+                versions.retain(|l| {
+                    let h = hit(l);
+                    if h {
+                        removed.push(l.entry());
+                    }
+                    !h
+                });
+                if versions.is_empty() {
+                    map.remove(name);
+                }
+            }
+        }
+        self.retired.retain(|l| {
+            let h = hit(l);
+            if h {
+                removed.push(l.entry());
+            }
+            !h
+        });
+        self.withheld
+            .retain(|w| !(w.info.name == name && version.is_none_or(|v| &w.info.version == v)));
+        if !self.has(PluginKind::Tool, name) && !self.has(PluginKind::Verifier, name) {
+            self.reserved.remove(name);
+        }
+        removed
+    }
+
+    /// Hands `name`'s reservation (if it has one) to the component from
+    /// `origin` that replaces its owner.
+    pub fn transfer(&mut self, name: &str, origin: &str) {
+        if let Some(owner) = self.reserved.get_mut(name) {
+            *owner = origin.to_owned();
+        }
+    }
+
+    /// Every loaded name, tools then verifiers.
+    pub fn names(&self) -> Vec<String> {
+        self.tools
+            .keys()
+            .chain(self.verifiers.keys())
+            .cloned()
+            .collect()
     }
 
     /// Records a component withheld for want of a grant.

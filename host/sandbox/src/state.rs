@@ -5,7 +5,10 @@
 //! Nothing here is inherited from the host process: no environment, no
 //! arguments, no stdin, no stdout or stderr (both captured), no OS clock,
 //! no OS randomness, preopens only for granted mounts, HTTP only to granted
-//! hosts. It knows nothing of components or registries.
+//! hosts. What the call may make the host hold is bounded here too: the
+//! resource table holds at most `handles` entries, and every header byte the
+//! guest hands `wasi:http` is charged to its memory (`link` shadows the
+//! functions that take them). It knows nothing of components or registries.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -28,9 +31,10 @@ use wasmtime_wasi_io::streams::{OutputStream, StreamResult};
 
 use crate::fs::{FsTracker, Mount, RecordedFilesystem, RecordingFs};
 use crate::http::HttpGate;
-use crate::limits::MemoryLimiter;
+use crate::limits::{CallLimits, MemoryLimiter};
 use crate::policy::Grant;
 use crate::record::{Baseline, Captured, Journal};
+use crate::scratch::{ScratchDir, ScratchRoot};
 use crate::sockets::{DeniedSockets, Denying};
 
 /// What `wasi:clocks/wall-clock` says it is: 2000-01-01T00:00:00Z, for every
@@ -307,16 +311,21 @@ pub(crate) struct CallState {
     stdout: Capture,
     stderr: Capture,
     /// The scratch directory, deleted when the invocation ends.
-    _scratch: Option<tempfile::TempDir>,
+    _scratch: Option<ScratchDir>,
+    /// How deep the host is in calls into the guest (a host call's result
+    /// is handed over by calling the guest's allocator).
+    pub wasm_depth: usize,
 }
 
 impl CallState {
-    /// Builds the WASI context from `grants` alone.
+    /// Builds the WASI context from `grants` alone, bounded by `limits`; a
+    /// `scratch` grant gets a fresh directory under `scratch_root`.
     pub fn new(
         grants: &[Grant],
         seed: &[u8; 32],
-        memory_limit: u64,
+        limits: &CallLimits,
         stderr_cap: usize,
+        scratch_root: Option<&ScratchRoot>,
     ) -> Result<Self, String> {
         let counters = Arc::new(Counters::default());
         let (stdout, stderr) = Capture::pair(stderr_cap);
@@ -337,7 +346,7 @@ impl CallState {
             .allow_udp(false)
             .allow_ip_name_lookup(false);
 
-        let mut fs = FsTracker::default();
+        let mut fs = FsTracker::new(limits.open_files, limits.disk_bytes);
         let mut allow = Vec::new();
         let mut scratch = None;
         for g in grants {
@@ -349,9 +358,10 @@ impl CallState {
                     (mount.clone(), g.host_dir.clone(), FsPerms::ReadWrite)
                 }
                 Capability::Scratch => {
-                    let dir = tempfile::Builder::new()
-                        .prefix("poimen-scratch-")
-                        .tempdir()
+                    let root =
+                        scratch_root.ok_or_else(|| "this host has no scratch space".to_owned())?;
+                    let dir = root
+                        .call_dir()
                         .map_err(|e| format!("cannot create the scratch directory: {e}"))?;
                     let path = dir.path().to_owned();
                     scratch = Some(dir);
@@ -384,8 +394,10 @@ impl CallState {
                 capability: g.capability.to_string(),
             });
         }
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(usize::try_from(limits.handles).unwrap_or(usize::MAX));
         Ok(CallState {
-            table: ResourceTable::new(),
+            table,
             wasi: b.build(),
             http: WasiHttpCtx::new(),
             gate: HttpGate {
@@ -394,11 +406,12 @@ impl CallState {
             },
             fs,
             journal,
-            limiter: MemoryLimiter::new(memory_limit),
+            limiter: MemoryLimiter::new(limits.memory_bytes),
             counters,
             stdout,
             stderr,
             _scratch: scratch,
+            wasm_depth: 0,
         })
     }
 
@@ -411,7 +424,15 @@ impl CallState {
             },
             tracker: &mut self.fs,
             journal: &self.journal,
+            limiter: &mut self.limiter,
         }
+    }
+
+    /// Charges header bytes the guest hands `wasi:http` to its memory.
+    fn charge_fields(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        self.limiter
+            .charge_host(bytes as u64)
+            .map_err(wasmtime::Error::new)
     }
 
     /// What the denying `wasi:sockets` interfaces work on.
@@ -523,6 +544,85 @@ pub(crate) fn link(linker: &mut wasmtime::component::Linker<CallState>) -> wasmt
         l,
         CallState::sockets_denied,
     )?;
+    shadow_http_fields(l)
+}
+
+/// The `wasi:http/types` interface as wasmtime-wasi-http's bindings name it.
+const HTTP_TYPES: &str = "wasi:http/types@0.2.12";
+
+/// Replaces the `wasi:http` functions that take header bytes from the guest
+/// with ones that first charge those bytes to the call's memory, then do
+/// what wasmtime-wasi-http does. A header the guest built may live on in a
+/// request the host holds, and the host cannot tell when that lets go: the
+/// charge stands until the call ends. (Without this a guest kept under
+/// 512 MiB of linear memory could make the host hold gigabytes of fields.)
+fn shadow_http_fields(l: &mut wasmtime::component::Linker<CallState>) -> wasmtime::Result<()> {
+    use wasmtime::StoreContextMut;
+    use wasmtime::component::Resource;
+    use wasmtime_wasi_http::FieldMap;
+    use wasmtime_wasi_http::p2::HeaderResult;
+    use wasmtime_wasi_http::p2::bindings::http::types::{HeaderError, HostFields};
+
+    type Store<'a> = StoreContextMut<'a, CallState>;
+
+    /// The guest's view of a header function's result.
+    fn answer<T>(r: HeaderResult<T>) -> wasmtime::Result<(Result<T, HeaderError>,)> {
+        Ok((match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(e.downcast()?),
+        },))
+    }
+
+    l.allow_shadowing(true);
+    let mut types = l.instance(HTTP_TYPES)?;
+    types.func_wrap(
+        "[static]fields.from-list",
+        |mut s: Store<'_>, (entries,): (Vec<(String, Vec<u8>)>,)| {
+            let bytes = entries.iter().map(|(n, v)| n.len() + v.len()).sum();
+            s.data_mut().charge_fields(bytes)?;
+            answer(HostFields::from_list(&mut s.data_mut().http(), entries))
+        },
+    )?;
+    types.func_wrap(
+        "[method]fields.set",
+        |mut s: Store<'_>, (fields, name, values): (Resource<FieldMap>, String, Vec<Vec<u8>>)| {
+            let bytes = values.iter().map(|v| name.len() + v.len()).sum();
+            s.data_mut().charge_fields(bytes)?;
+            answer(HostFields::set(
+                &mut s.data_mut().http(),
+                fields,
+                name,
+                values,
+            ))
+        },
+    )?;
+    types.func_wrap(
+        "[method]fields.append",
+        |mut s: Store<'_>, (fields, name, value): (Resource<FieldMap>, String, Vec<u8>)| {
+            s.data_mut().charge_fields(name.len() + value.len())?;
+            answer(HostFields::append(
+                &mut s.data_mut().http(),
+                fields,
+                name,
+                value,
+            ))
+        },
+    )?;
+    types.func_wrap(
+        "[method]fields.clone",
+        |mut s: Store<'_>, (fields,): (Resource<FieldMap>,)| {
+            let bytes = s
+                .data_mut()
+                .table
+                .get(&fields)?
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len())
+                .sum();
+            s.data_mut().charge_fields(bytes)?;
+            Ok((HostFields::clone(&mut s.data_mut().http(), fields)?,))
+        },
+    )?;
+    l.allow_shadowing(false);
     Ok(())
 }
 
@@ -558,6 +658,13 @@ mod tests {
         assert_eq!(c.monotonic_reads.load(Ordering::Relaxed), 2);
     }
 
+    fn limits() -> CallLimits {
+        CallLimits {
+            memory_bytes: 1 << 20,
+            ..CallLimits::default()
+        }
+    }
+
     #[test]
     fn scratch_is_a_fresh_directory_that_goes_away() {
         let grant = Grant {
@@ -565,7 +672,16 @@ mod tests {
             host_dir: None,
             hosts: Vec::new(),
         };
-        let state = CallState::new(&[grant], &[0; 32], 1 << 20, 64).expect("state");
+        let base = tempfile::tempdir().expect("base");
+        let root = ScratchRoot::create(base.path()).expect("root");
+        let state = CallState::new(
+            std::slice::from_ref(&grant),
+            &[0; 32],
+            &limits(),
+            64,
+            Some(&root),
+        )
+        .expect("state");
         let dir = state
             ._scratch
             .as_ref()
@@ -575,8 +691,13 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).expect("ls").count(), 0);
         assert_eq!(state.fs.mounts[0].guest, "/scratch");
         assert!(state.fs.mounts[0].writable);
+        assert!(dir.starts_with(root.dir()), "under the host's scratch root");
         drop(state);
         assert!(!dir.exists());
+        assert!(
+            CallState::new(&[grant], &[0; 32], &limits(), 64, None).is_err(),
+            "no scratch root, no scratch"
+        );
     }
 
     #[test]
@@ -586,7 +707,7 @@ mod tests {
             host_dir: Some("/nonexistent/poimen".into()),
             hosts: Vec::new(),
         };
-        let e = CallState::new(&[grant], &[0; 32], 1 << 20, 64)
+        let e = CallState::new(&[grant], &[0; 32], &limits(), 64, None)
             .err()
             .expect("fails");
         assert!(e.contains("/nonexistent/poimen"), "{e}");

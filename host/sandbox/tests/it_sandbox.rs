@@ -10,6 +10,8 @@
 
 #[path = "it_sandbox/boundary.rs"]
 mod boundary;
+#[path = "it_sandbox/hostile.rs"]
+mod hostile;
 #[path = "it_sandbox/languages.rs"]
 mod languages;
 #[path = "it_sandbox/plugins.rs"]

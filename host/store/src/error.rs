@@ -57,6 +57,12 @@ pub enum StoreError {
         parent_workflow: WorkflowId,
         workflow: WorkflowId,
     },
+    /// A version to arm belongs to another workflow id.
+    ArmOtherWorkflow {
+        version: WorkflowVersion,
+        its_workflow: WorkflowId,
+        workflow: WorkflowId,
+    },
     /// Something named does not exist (`what` names it: "run WFR-…").
     NotFound { what: String },
     /// A version prefix matches more than one stored version.
@@ -323,6 +329,14 @@ impl fmt::Display for StoreError {
             } => write!(
                 f,
                 "parent version {parent} belongs to workflow `{parent_workflow}`, not `{workflow}`: a version's parent must be a version of the same workflow"
+            ),
+            StoreError::ArmOtherWorkflow {
+                version,
+                its_workflow,
+                workflow,
+            } => write!(
+                f,
+                "version {version} is a version of `{its_workflow}`, not of `{workflow}`: arm a version of the workflow itself"
             ),
             StoreError::NotFound { what } => write!(f, "{what} is not in the store"),
             StoreError::AmbiguousPrefix { prefix, candidates } => {

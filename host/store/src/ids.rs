@@ -195,6 +195,20 @@ impl<'de> serde::Deserialize<'de> for BlobHash {
     }
 }
 
+/// Every blob hash (`b3:` and 64 lower-case hex digits) written in `text`,
+/// as it is written: what retention takes as a reference from an event, an
+/// intent record or a judgment. A string that merely looks like a hash
+/// keeps a blob it names, which is the safe side.
+pub(crate) fn hashes_in(text: &str) -> impl Iterator<Item = &str> + '_ {
+    text.match_indices(HASH_PREFIX).filter_map(move |(at, _)| {
+        let hash = text.get(at..at + HASH_PREFIX.len() + 64)?;
+        hash[HASH_PREFIX.len()..]
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            .then_some(hash)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,5 +242,18 @@ mod tests {
         assert_eq!(s.parse::<BlobHash>(), Ok(h));
         assert!(s.to_uppercase().parse::<BlobHash>().is_err());
         assert!("b3:abc".parse::<BlobHash>().is_err());
+    }
+
+    #[test]
+    fn hashes_in_text_are_found_whole() {
+        let a = BlobHash::of(b"a").to_string();
+        let b = BlobHash::of(b"b").to_string();
+        let text = format!(
+            r#"{{"prompt":"{a}","x":["{b}"],"short":"b3:abc","upper":"{}"}}"#,
+            b.to_uppercase().replace("B3:", "b3:")
+        );
+        let found: Vec<&str> = hashes_in(&text).collect();
+        assert_eq!(found, vec![a.as_str(), b.as_str()]);
+        assert_eq!(hashes_in(&a[..20]).count(), 0);
     }
 }

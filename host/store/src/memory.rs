@@ -13,13 +13,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
+use serde_json::Value;
 
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite,
-    Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
-    VersionRecord, WorkflowSummary, expiry,
+    ArmedRecord, Commit, CreateRun, GcReport, IntentPhase, IntentRecord, JudgmentRecord,
+    JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord,
+    RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 use crate::store::{Store, StoreResult};
@@ -50,6 +51,9 @@ struct State {
     intent_phase: HashMap<RunId, HashMap<AttemptKey, IntentPhase>>,
     judgments: Vec<JudgmentRecord>,
     judgment_index: HashMap<JudgmentId, usize>,
+    armed: HashMap<WorkflowId, ArmedRecord>,
+    /// Unload deadlines by version.
+    unloads: HashMap<WorkflowVersion, i64>,
 }
 
 impl MemoryStore {
@@ -99,6 +103,7 @@ impl State {
         };
         r.lease = Some(lease.clone());
         r.admitted = r.admission.is_some();
+        r.wake_at = None;
         lease
     }
 
@@ -293,6 +298,7 @@ impl Store for MemoryStore {
                 epoch: 1,
                 expires_at: expiry(new.created_at, l.ttl_ms),
             }),
+            wake_at: None,
             admission: new.admission.as_ref().map(|a| a.admission()),
             admitted,
         };
@@ -392,7 +398,7 @@ impl Store for MemoryStore {
                         });
                     }
                 }
-                JudgmentWrite::Answer { id, .. } => {
+                JudgmentWrite::Answer { id, .. } | JudgmentWrite::Expire { id, .. } => {
                     let stored = s.judgment_index.get(id).map(|&k| &s.judgments[k]);
                     match stored {
                         None if !opened.contains(id) => {
@@ -409,6 +415,9 @@ impl Store for MemoryStore {
                         }
                         Some(rec) if rec.status == JudgmentStatus::Answered => {
                             return Err(answered_twice(id));
+                        }
+                        Some(rec) if rec.status == JudgmentStatus::Expired => {
+                            return Err(rules::expired(id));
                         }
                         _ => {}
                     }
@@ -478,6 +487,7 @@ impl Store for MemoryStore {
                         result: None,
                         created_at: at,
                         answered_at: None,
+                        expired_at: None,
                     });
                 }
                 JudgmentWrite::Answer { id, result, at } => {
@@ -486,6 +496,13 @@ impl Store for MemoryStore {
                         rec.status = JudgmentStatus::Answered;
                         rec.result = Some(result);
                         rec.answered_at = Some(at);
+                    }
+                }
+                JudgmentWrite::Expire { id, at } => {
+                    if let Some(&k) = s.judgment_index.get(&id) {
+                        let rec = &mut s.judgments[k];
+                        rec.status = JudgmentStatus::Expired;
+                        rec.expired_at = Some(at);
                     }
                 }
             }
@@ -497,6 +514,11 @@ impl Store for MemoryStore {
             r.reason = u.reason;
             r.output_hash = u.output_hash;
             r.updated_at = u.updated_at;
+            r.wake_at = if u.status.is_terminal() {
+                None
+            } else {
+                u.wake_at
+            };
             // The commit that ends a run ends its tenure: nothing is left
             // to drive, and a host that dies before its release leaves no
             // lease behind.
@@ -582,7 +604,10 @@ impl Store for MemoryStore {
     ) -> StoreResult<Vec<(RunRecord, Lease)>> {
         let mut s = self.lock();
         let mut picked: Vec<usize> = (0..s.runs.len())
-            .filter(|&i| rules::is_runnable(s.runs[i].status, s.runs[i].lease.as_ref(), now))
+            .filter(|&i| {
+                let r = &s.runs[i];
+                rules::is_runnable(r.status, r.lease.as_ref(), r.wake_at, now)
+            })
             .collect();
         picked.sort_by(|&a, &b| {
             let (ra, rb) = (&s.runs[a], &s.runs[b]);
@@ -649,6 +674,225 @@ impl Store for MemoryStore {
             .filter(|r| !r.status.is_terminal())
             .cloned()
             .collect())
+    }
+
+    async fn set_wake(&self, run: &RunId, at: Option<i64>) -> StoreResult<()> {
+        let mut s = self.lock();
+        let i = s.run_index(run)?;
+        let r = &mut s.runs[i];
+        if !r.status.is_terminal() {
+            r.wake_at = at;
+        }
+        drop(s);
+        self.wake.ring();
+        Ok(())
+    }
+
+    async fn next_wake(&self) -> StoreResult<Option<i64>> {
+        Ok(self
+            .lock()
+            .runs
+            .iter()
+            .filter(|r| !r.status.is_terminal())
+            .filter_map(|r| r.wake_at)
+            .min())
+    }
+
+    async fn arm(
+        &self,
+        workflow: &WorkflowId,
+        version: Option<&WorkflowVersion>,
+        at: i64,
+    ) -> StoreResult<Option<ArmedRecord>> {
+        let mut s = self.lock();
+        if let Some(v) = version {
+            let Some(&i) = s.version_index.get(v) else {
+                return Err(StoreError::not_found(format!("version {v}")));
+            };
+            let its = &s.versions[i].workflow_id;
+            if its != workflow {
+                return Err(StoreError::ArmOtherWorkflow {
+                    version: *v,
+                    its_workflow: its.clone(),
+                    workflow: workflow.clone(),
+                });
+            }
+        }
+        Ok(s.armed.insert(
+            workflow.clone(),
+            ArmedRecord {
+                workflow_id: workflow.clone(),
+                version: version.copied(),
+                at,
+            },
+        ))
+    }
+
+    async fn armed(&self, workflow: &WorkflowId) -> StoreResult<Option<ArmedRecord>> {
+        Ok(self.lock().armed.get(workflow).cloned())
+    }
+
+    async fn set_unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+        deadline: i64,
+        _at: i64,
+    ) -> StoreResult<()> {
+        let mut s = self.lock();
+        if !s.version_index.contains_key(version) {
+            return Err(StoreError::not_found(format!("version {version}")));
+        }
+        s.unloads.insert(*version, deadline);
+        Ok(())
+    }
+
+    async fn unload_deadline(&self, version: &WorkflowVersion) -> StoreResult<Option<i64>> {
+        Ok(self.lock().unloads.get(version).copied())
+    }
+
+    async fn gc(&self, finished_before: i64, dry_run: bool) -> StoreResult<GcReport> {
+        let mut s = self.lock();
+        let doomed = s.gc_pick(finished_before);
+        let mut report = GcReport {
+            dry_run,
+            runs: doomed.len() as u64,
+            ..GcReport::default()
+        };
+        if doomed.is_empty() {
+            return Ok(report);
+        }
+        report.events = doomed
+            .iter()
+            .map(|r| s.events.get(r).map_or(0, Vec::len) as u64)
+            .sum();
+        report.intents = doomed
+            .iter()
+            .map(|r| s.intents.get(r).map_or(0, Vec::len) as u64)
+            .sum();
+        report.judgments = s
+            .judgments
+            .iter()
+            .filter(|j| doomed.contains(&j.run))
+            .count() as u64;
+        let named = s.blob_references(|r| doomed.contains(r));
+        let kept = s.blob_references(|r| !doomed.contains(r));
+        let freed: Vec<BlobHash> = named
+            .difference(&kept)
+            .filter_map(|h| h.parse::<BlobHash>().ok())
+            .filter(|h| s.blobs.contains_key(h))
+            .collect();
+        report.blobs = freed.len() as u64;
+        report.blob_bytes = freed.iter().map(|h| s.blobs[h].len() as u64).sum();
+        if dry_run {
+            return Ok(report);
+        }
+        for h in &freed {
+            s.blobs.remove(h);
+        }
+        for r in &doomed {
+            s.events.remove(r);
+            s.intents.remove(r);
+            s.intent_phase.remove(r);
+        }
+        s.judgments.retain(|j| !doomed.contains(&j.run));
+        s.judgment_index = s
+            .judgments
+            .iter()
+            .enumerate()
+            .map(|(k, j)| (j.id.clone(), k))
+            .collect();
+        let (runs, epochs): (Vec<RunRecord>, Vec<u64>) = std::mem::take(&mut s.runs)
+            .into_iter()
+            .zip(std::mem::take(&mut s.epochs))
+            .filter(|(r, _)| !doomed.contains(&r.id))
+            .unzip();
+        s.runs = runs;
+        s.epochs = epochs;
+        s.run_index = s
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id.clone(), i))
+            .collect();
+        s.run_keys = s
+            .runs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((r.idempotency_key.clone()?, i)))
+            .collect();
+        Ok(report)
+    }
+}
+
+impl State {
+    /// The runs gc may delete: every run of each tree whose root is a
+    /// top-level run that ended before `before`, if all of them ended.
+    fn gc_pick(&self, before: i64) -> HashSet<RunId> {
+        let mut children: HashMap<&RunId, Vec<&RunRecord>> = HashMap::new();
+        for r in &self.runs {
+            if let Some((parent, _)) = &r.parent {
+                children.entry(parent).or_default().push(r);
+            }
+        }
+        let mut doomed = HashSet::new();
+        for root in &self.runs {
+            if root.parent.is_some() || !root.status.is_terminal() || root.updated_at >= before {
+                continue;
+            }
+            let mut tree = vec![root];
+            let mut k = 0;
+            while k < tree.len() {
+                let r = tree[k];
+                tree.extend(children.get(&r.id).into_iter().flatten().copied());
+                k += 1;
+            }
+            if tree.iter().all(|r| r.status.is_terminal()) {
+                doomed.extend(tree.into_iter().map(|r| r.id.clone()));
+            }
+        }
+        doomed
+    }
+
+    /// Every blob hash the runs `which` picks refer to: inputs, outputs,
+    /// intents' outputs and records, events, judgments.
+    fn blob_references(&self, which: impl Fn(&RunId) -> bool) -> HashSet<String> {
+        let mut found = HashSet::new();
+        let mut text = |v: &Value| {
+            let t = v.to_string();
+            found.extend(crate::ids::hashes_in(&t).map(str::to_owned));
+        };
+        for r in self.runs.iter().filter(|r| which(&r.id)) {
+            text(&Value::String(r.input_hash.to_string()));
+            if let Some(h) = &r.output_hash {
+                text(&Value::String(h.to_string()));
+            }
+        }
+        for (run, intents) in &self.intents {
+            if which(run) {
+                for i in intents {
+                    if let Some(h) = &i.output_hash {
+                        text(&Value::String(h.clone()));
+                    }
+                    if let Some(rec) = &i.record {
+                        text(rec);
+                    }
+                }
+            }
+        }
+        for (run, events) in &self.events {
+            if which(run) {
+                for e in events {
+                    text(&e.body);
+                }
+            }
+        }
+        for j in self.judgments.iter().filter(|j| which(&j.run)) {
+            text(&j.request);
+            if let Some(result) = &j.result {
+                text(result);
+            }
+        }
+        found
     }
 }
 

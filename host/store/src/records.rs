@@ -205,6 +205,22 @@ pub struct RunRecord {
     /// `false` for a run without an admission group.
     #[serde(default)]
     pub admitted: bool,
+    /// When a run that no host holds must be looked at again (a judgment's
+    /// timeout, the run's deadline, the end of an unload drain): a waiting
+    /// or blocked run is claimable from then on, like a queued one.
+    #[serde(default)]
+    pub wake_at: Option<i64>,
+}
+
+/// A workflow id's armed version: the one a new run of the workflow
+/// starts on. `version: None`: the workflow is disarmed, and no new run of
+/// it may start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmedRecord {
+    pub workflow_id: WorkflowId,
+    pub version: Option<WorkflowVersion>,
+    /// When it was armed (or disarmed).
+    pub at: i64,
 }
 
 /// A workflow's `concurrency` as the store applies it: of the runs of one
@@ -481,6 +497,8 @@ pub struct IntentRecord {
 pub enum JudgmentStatus {
     Open,
     Answered,
+    /// Its timeout passed without an answer; no answer is taken any more.
+    Expired,
 }
 
 /// A judgment request and, once given, its answer.
@@ -497,6 +515,9 @@ pub struct JudgmentRecord {
     pub result: Option<Value>,
     pub created_at: i64,
     pub answered_at: Option<i64>,
+    /// When it expired unanswered.
+    #[serde(default)]
+    pub expired_at: Option<i64>,
 }
 
 /// A judgment write inside a [`Commit`].
@@ -518,6 +539,9 @@ pub enum JudgmentWrite {
         result: Value,
         at: i64,
     },
+    /// Close an open request of the commit's run unanswered: its timeout
+    /// passed. An expired request takes no answer.
+    Expire { id: JudgmentId, at: i64 },
 }
 
 // ------------------------------------------------------------------ commit
@@ -543,6 +567,9 @@ pub struct RunUpdate {
     /// Must name a stored blob or one in the same commit.
     pub output_hash: Option<BlobHash>,
     pub updated_at: i64,
+    /// The run's timer from now on (see [`RunRecord::wake_at`]); `None`
+    /// clears it. A run that ends has none.
+    pub wake_at: Option<i64>,
 }
 
 /// The store's one write path for a run's progress: everything in it is
@@ -580,4 +607,24 @@ impl Commit {
             durability: Durability::Sync,
         }
     }
+}
+
+/// What [`Store::gc`](crate::Store::gc) deleted — or, in a dry run, would
+/// delete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Whether nothing was deleted (the counts say what would have been).
+    pub dry_run: bool,
+    /// Finished runs deleted, sub-workflow runs included.
+    pub runs: u64,
+    /// Their episodes' events.
+    pub events: u64,
+    /// Their intent records (one per phase of a tool call).
+    pub intents: u64,
+    /// Their judgment requests (with their answers or expiries).
+    pub judgments: u64,
+    /// Blobs no remaining run, event or intent refers to.
+    pub blobs: u64,
+    /// The bytes of those blobs.
+    pub blob_bytes: u64,
 }

@@ -279,9 +279,27 @@ pub(crate) fn may_claim(status: RunStatus, current: Option<&Lease>, owner: &str,
 /// running (a run waiting for a judgment, or blocked, waits for an
 /// operator), and no one holds it or its lease expired. A live lease of
 /// the caller itself does not count: that run is already driven.
-pub(crate) fn is_runnable(status: RunStatus, current: Option<&Lease>, now: i64) -> bool {
-    matches!(status, RunStatus::Queued | RunStatus::Running)
-        && current.is_none_or(|l| l.expires_at <= now)
+pub(crate) fn is_runnable(
+    status: RunStatus,
+    current: Option<&Lease>,
+    wake_at: Option<i64>,
+    now: i64,
+) -> bool {
+    let due = match status {
+        RunStatus::Queued | RunStatus::Running => true,
+        // Waiting for an operator — unless its timer has come.
+        RunStatus::WaitingJudgment | RunStatus::Blocked => wake_at.is_some_and(|w| w <= now),
+        _ => false,
+    };
+    due && current.is_none_or(|l| l.expires_at <= now)
+}
+
+/// The refusal of an answer (or expiry) of a request that expired.
+pub(crate) fn expired(id: &crate::ids::JudgmentId) -> StoreError {
+    StoreError::JudgmentConflict {
+        id: id.clone(),
+        detail: "the request expired unanswered (its timeout passed)".into(),
+    }
 }
 
 /// The refusal of a new run whose admission group is full; `active` are
@@ -397,9 +415,22 @@ mod tests {
             assert!(!may_claim(status, Some(&live), "b", 50), "{status}");
             assert_eq!(may_claim(status, Some(&live), "b", 100), open, "{status}");
             let runnable = matches!(status, Queued | Running);
-            assert_eq!(is_runnable(status, None, 50), runnable, "{status}");
-            assert!(!is_runnable(status, Some(&live), 50), "{status}");
-            assert_eq!(is_runnable(status, Some(&live), 100), runnable, "{status}");
+            assert_eq!(is_runnable(status, None, None, 50), runnable, "{status}");
+            assert!(!is_runnable(status, Some(&live), None, 50), "{status}");
+            assert_eq!(
+                is_runnable(status, Some(&live), None, 100),
+                runnable,
+                "{status}"
+            );
+            // A timer makes a waiting or blocked run runnable once it is due.
+            let woken = runnable || matches!(status, WaitingJudgment | Blocked);
+            assert_eq!(is_runnable(status, None, Some(50), 50), woken, "{status}");
+            assert_eq!(
+                is_runnable(status, None, Some(51), 50),
+                runnable,
+                "{status}"
+            );
+            assert!(!is_runnable(status, Some(&live), Some(10), 50), "{status}");
         }
         assert!(holds(Some(&live), &live.fence()));
         assert!(!holds(Some(&live), &lease("a", 2, 100).fence()));

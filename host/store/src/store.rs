@@ -16,8 +16,8 @@ use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion, PublishOutcome,
-    RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    ArmedRecord, Commit, CreateRun, GcReport, IntentRecord, JudgmentRecord, Lease, NewRun,
+    NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
 };
 
 /// Result of a store operation.
@@ -139,12 +139,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> StoreResult<Option<Lease>>;
 
     /// Atomically claims, for `owner` until `now + ttl_ms`, up to `limit`
-    /// runs that need a driver: `queued` or `running`, with no lease or an
-    /// expired one (`waiting_judgment` and `blocked` runs wait for an
-    /// operator, whose host takes them with [`Store::claim_run`]). Oldest
-    /// `created_at` first, then by id; each claim is a new tenure, as in
-    /// `claim_run`. Two callers — tasks, processes or hosts — never get the
-    /// same run. Durable when it returns.
+    /// runs that need a driver, with no lease or an expired one: `queued`
+    /// and `running` runs, and `waiting_judgment` and `blocked` runs whose
+    /// timer has come (`wake_at <= now`; other waiting and blocked runs
+    /// wait for an operator, whose host takes them with
+    /// [`Store::claim_run`]). Oldest `created_at` first, then by id. Every
+    /// claim clears the run's timer (its driver sets the next one) and is a
+    /// new tenure, as in `claim_run`. Two callers — tasks, processes or
+    /// hosts — never get the same run. Durable when it returns.
     async fn claim_runnable(
         &self,
         owner: &str,
@@ -180,7 +182,66 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// first.
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>>;
 
+    // -------------------------------------------------------------- timers
+
+    /// Sets the run's timer ([`RunRecord::wake_at`]; `None` clears it),
+    /// unless the run has ended (a no-op then). Unfenced: a timer is a
+    /// reminder, whoever sets it. [`StoreError::NotFound`] for an unknown
+    /// run. Durable when it returns.
+    async fn set_wake(&self, run: &RunId, at: Option<i64>) -> StoreResult<()>;
+
+    /// The earliest timer of any run not ended, if one is set: when a
+    /// serving host must claim again at the latest.
+    async fn next_wake(&self) -> StoreResult<Option<i64>>;
+
+    // ---------------------------------------------------- arming, unloading
+
+    /// Arms `version` as its workflow's current version (`version: None`
+    /// disarms the workflow) at `at`, and returns what was armed before.
+    /// The version must be stored and a version of `workflow`
+    /// ([`StoreError::NotFound`], [`StoreError::ArmOtherWorkflow`]).
+    /// Durable when it returns.
+    async fn arm(
+        &self,
+        workflow: &WorkflowId,
+        version: Option<&WorkflowVersion>,
+        at: i64,
+    ) -> StoreResult<Option<ArmedRecord>>;
+
+    /// What is armed for `workflow` (`None`: never armed nor disarmed).
+    async fn armed(&self, workflow: &WorkflowId) -> StoreResult<Option<ArmedRecord>>;
+
+    /// Records that the live runs of `version` must end by `deadline` (an
+    /// unload drain with a timeout); a later call moves it. Durable when it
+    /// returns.
+    async fn set_unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+        deadline: i64,
+        at: i64,
+    ) -> StoreResult<()>;
+
+    /// The deadline by which live runs of `version` must end, if it was
+    /// unloaded with one.
+    async fn unload_deadline(&self, version: &WorkflowVersion) -> StoreResult<Option<i64>>;
+
     /// Every non-terminal run (queued, running, waiting for a judgment,
     /// blocked), oldest first: what a host looks at on start.
     async fn in_flight_runs(&self) -> StoreResult<Vec<RunRecord>>;
+
+    // ----------------------------------------------------------- retention
+
+    /// Deletes finished runs last changed before `finished_before` —
+    /// each top-level run that completed, failed or was cancelled, with its
+    /// sub-workflow runs, and only if every one of them has ended — with
+    /// their episodes, intent records, judgment requests, answers and
+    /// expiries; then every blob one of them referred to that nothing left
+    /// in the store refers to (a run's input or output, an intent's output,
+    /// a hash in an event). Never a version, an armed record, a run not
+    /// ended, or a finished child of a run not ended. Their idempotency
+    /// keys are free again afterwards. One transaction: all of it or
+    /// nothing; a commit to a run being deleted waits for it or is refused.
+    /// With `dry_run`, deletes nothing and reports what it would delete.
+    /// Durable when it returns.
+    async fn gc(&self, finished_before: i64, dry_run: bool) -> StoreResult<GcReport>;
 }

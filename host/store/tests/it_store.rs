@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poimen_store::{
-    Admission, AdmissionRequest, BlobHash, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence,
-    IntentPhase, IntentRecord, JudgmentId, JudgmentStatus, JudgmentWrite, Lease, LeaseRequest,
-    MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunId, RunRecord,
-    RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore, Store, StoreError, Ulid,
-    VersionRecord,
+    Admission, AdmissionRequest, ArmedRecord, BlobHash, Commit, CreateRun, DEFAULT_TENANT,
+    Durability, Fence, GcReport, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
+    JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome,
+    RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore,
+    Store, StoreError, Ulid, VersionRecord,
 };
 use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use serde_json::{Value, json};
@@ -259,9 +259,541 @@ conformance!(
     concurrent_claim_runnable_callers_never_share_a_run,
     concurrent_commits_from_many_tasks,
     json_bodies_round_trip_exactly,
+    a_waiting_runs_timer_makes_it_claimable_once_due,
+    a_judgment_request_expires_once_and_then_takes_no_answer,
+    arming_moves_the_current_version_and_disarming_clears_it,
+    unload_deadlines_are_kept_by_version,
+    gc_deletes_finished_runs_and_what_only_they_refer_to,
+    gc_keeps_a_finished_child_of_a_live_run_and_frees_idempotency_keys,
 );
 
 // ------------------------------------------------------------- conformance
+
+/// Ends `run` as `status` at `at`, with `output` as its output blob and
+/// `events` (from seq `seq`); `extra` may add to the commit.
+async fn finish(
+    s: &dyn Store,
+    run: &RunId,
+    status: RunStatus,
+    at: i64,
+    output: Option<&[u8]>,
+    extra: impl FnOnce(&mut Commit),
+) {
+    let mut c = Commit::new(run.clone());
+    if let Some(bytes) = output {
+        c.blobs.push(bytes.to_vec());
+    }
+    c.run_update = Some(RunUpdate {
+        status,
+        reason: None,
+        output_hash: output.map(BlobHash::of),
+        updated_at: at,
+        wake_at: None,
+    });
+    extra(&mut c);
+    s.commit(c).await.expect("finish");
+}
+
+async fn gc_deletes_finished_runs_and_what_only_they_refer_to(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    let cutoff = T0 + 1_000;
+    let shared = b"shared by an old and a recent run".to_vec();
+    let shared_hash = BlobHash::of(&shared);
+    let prompt = b"a prompt only the old run used".to_vec();
+    let prompt_hash = BlobHash::of(&prompt);
+
+    // Old and finished: an episode, a tool call's intents (its output a
+    // blob), a judgment asked and answered, a prompt blob named in an
+    // event, an output blob.
+    let old = make_run(s, 1).await;
+    let mut c = commit_of(
+        &old.id,
+        vec![
+            event(0, "run_started"),
+            NewEvent {
+                body: json!({"prompt": prompt_hash.to_string(), "shared": shared_hash.to_string()}),
+                ..event(1, "model_called")
+            },
+        ],
+    );
+    c.blobs = vec![prompt.clone(), shared.clone()];
+    let mut committed = intent(&old.id, "fetch", 0, IntentPhase::Committed);
+    committed.output_hash = Some(shared_hash.to_string());
+    c.intents = vec![
+        intent(&old.id, "fetch", 0, IntentPhase::Pending),
+        intent(&old.id, "fetch", 0, IntentPhase::Dispatched),
+        committed,
+    ];
+    c.judgments = vec![JudgmentWrite::Open {
+        id: judgment_id(1),
+        step: StepId::from("review"),
+        iteration: 0,
+        request: json!({"question": "ship it?"}),
+        request_hash: "b3:req".into(),
+        at: T0 + 2,
+    }];
+    s.commit(c).await.expect("old run's work");
+    let mut c = commit_of(&old.id, vec![event(2, "judgment_answered")]);
+    c.judgments = vec![JudgmentWrite::Answer {
+        id: judgment_id(1),
+        result: json!({"ok": true}),
+        at: T0 + 3,
+    }];
+    s.commit(c).await.expect("answered");
+    finish(
+        s,
+        &old.id,
+        RunStatus::Completed,
+        T0 + 10,
+        Some(b"old output"),
+        |c| {
+            c.events = vec![event(3, "run_completed")];
+        },
+    )
+    .await;
+    // Old and failed, and old and cancelled: both finished.
+    let failed = make_run(s, 2).await;
+    finish(s, &failed.id, RunStatus::Failed, T0 + 20, None, |c| {
+        c.events = vec![event(0, "run_failed")];
+    })
+    .await;
+    let cancelled = make_run(s, 3).await;
+    finish(
+        s,
+        &cancelled.id,
+        RunStatus::Cancelled,
+        T0 + 30,
+        None,
+        |_| {},
+    )
+    .await;
+    // Finished after the cutoff: kept, and so is the blob it shares.
+    let recent = make_run(s, 4).await;
+    finish(
+        s,
+        &recent.id,
+        RunStatus::Completed,
+        cutoff + 1,
+        Some(&shared),
+        |c| {
+            c.events = vec![event(0, "run_completed")];
+        },
+    )
+    .await;
+    // Old but not finished: queued, running, waiting: never touched.
+    let queued = make_run(s, 5).await;
+    let running = make_run(s, 6).await;
+    finish(s, &running.id, RunStatus::Running, T0 + 5, None, |c| {
+        c.events = vec![event(0, "run_started")];
+    })
+    .await;
+    let waiting = make_run(s, 7).await;
+    finish(
+        s,
+        &waiting.id,
+        RunStatus::WaitingJudgment,
+        T0 + 5,
+        None,
+        |_| {},
+    )
+    .await;
+
+    let blob_count = |hs: &[&BlobHash]| {
+        let hs: Vec<BlobHash> = hs.iter().map(|h| **h).collect();
+        async move {
+            let mut n = 0;
+            for h in &hs {
+                if s.blob(h).await.expect("blob").is_some() {
+                    n += 1;
+                }
+            }
+            n
+        }
+    };
+    let old_inputs = [old.input_hash, failed.input_hash, cancelled.input_hash];
+    let old_output = BlobHash::of(b"old output");
+    let want = GcReport {
+        dry_run: true,
+        runs: 3,
+        events: 4 + 1,
+        intents: 3,
+        judgments: 1,
+        // Three inputs, the old output, the prompt; not the shared blob.
+        blobs: 5,
+        blob_bytes: [b"{\"n\":1}".len(), b"{\"n\":2}".len(), b"{\"n\":3}".len()]
+            .iter()
+            .sum::<usize>() as u64
+            + b"old output".len() as u64
+            + prompt.len() as u64,
+    };
+    // A dry run says what would go, and nothing goes.
+    let dry = s.gc(cutoff, true).await.expect("dry run");
+    assert_eq!(dry, want);
+    assert_eq!(s.events(&old.id).await.expect("events").len(), 4);
+    assert!(s.run(&old.id).await.expect("read").is_some());
+    assert!(s.blob(&prompt_hash).await.expect("blob").is_some());
+
+    let real = s.gc(cutoff, false).await.expect("gc");
+    assert_eq!(
+        real,
+        GcReport {
+            dry_run: false,
+            ..want
+        }
+    );
+    for gone in [&old, &failed, &cancelled] {
+        assert_eq!(s.run(&gone.id).await.expect("read"), None, "{}", gone.id);
+        assert_eq!(s.events(&gone.id).await.expect("events"), vec![]);
+        assert_eq!(s.intents(&gone.id).await.expect("intents"), vec![]);
+    }
+    assert_eq!(s.judgment(&judgment_id(1)).await.expect("judgment"), None);
+    assert_eq!(
+        blob_count(&[&old_inputs[0], &old_inputs[1], &old_inputs[2]]).await,
+        0
+    );
+    assert_eq!(blob_count(&[&old_output, &prompt_hash]).await, 0);
+    // What something else still refers to stays: the shared blob, the
+    // kept runs with their episodes and inputs, the version.
+    assert_eq!(blob_count(&[&shared_hash]).await, 1);
+    for kept in [&recent, &queued, &running, &waiting] {
+        let rec = s.run(&kept.id).await.expect("read").expect("kept");
+        assert!(s.blob(&rec.input_hash).await.expect("input").is_some());
+    }
+    assert_eq!(s.events(&running.id).await.expect("events").len(), 1);
+    assert!(s.version(&v.version).await.expect("version").is_some());
+    let listed = s.list_runs(RunFilter::default()).await.expect("list");
+    assert_eq!(listed.len(), 4, "{listed:?}");
+
+    // Nothing left to free; and the finished-later run goes once its time comes.
+    assert_eq!(
+        s.gc(cutoff, false).await.expect("again"),
+        GcReport::default()
+    );
+    let later = s.gc(cutoff + 2, false).await.expect("later");
+    assert_eq!(
+        (later.runs, later.events, later.blobs),
+        (1, 1, 2),
+        "{later:?}"
+    );
+    assert!(s.blob(&shared_hash).await.expect("blob").is_none());
+}
+
+async fn gc_keeps_a_finished_child_of_a_live_run_and_frees_idempotency_keys(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await;
+    let cutoff = T0 + 1_000;
+    let child_of = |n: u128, parent: &RunId| NewRun {
+        parent: Some((parent.clone(), StepId::from("sub"))),
+        ..new_run(n, v.version, &json!({"child": n as u64}))
+    };
+    // A live parent with a finished child: both stay (the parent's replay
+    // may read its child).
+    let live = make_run(s, 1).await;
+    finish(s, &live.id, RunStatus::Running, T0 + 5, None, |_| {}).await;
+    let child = s
+        .create_run(child_of(2, &live.id))
+        .await
+        .expect("child")
+        .into_record();
+    finish(s, &child.id, RunStatus::Completed, T0 + 6, None, |_| {}).await;
+    // A finished parent whose child still runs (orphaned by a crash): both stay.
+    let done = make_run(s, 3).await;
+    let orphan = s
+        .create_run(child_of(4, &done.id))
+        .await
+        .expect("child")
+        .into_record();
+    finish(s, &done.id, RunStatus::Failed, T0 + 7, None, |_| {}).await;
+    // A finished tree, under an idempotency key: all of it goes, two levels deep.
+    let keyed = s
+        .create_run(NewRun {
+            idempotency_key: Some("order-7".into()),
+            ..new_run(5, v.version, &json!({"order": 7}))
+        })
+        .await
+        .expect("keyed")
+        .into_record();
+    let mid = s
+        .create_run(child_of(6, &keyed.id))
+        .await
+        .expect("mid")
+        .into_record();
+    let leaf = s
+        .create_run(child_of(7, &mid.id))
+        .await
+        .expect("leaf")
+        .into_record();
+    for (r, at) in [(&leaf, T0 + 8), (&mid, T0 + 9), (&keyed, T0 + 10)] {
+        finish(s, &r.id, RunStatus::Completed, at, None, |_| {}).await;
+    }
+
+    let report = s.gc(cutoff, false).await.expect("gc");
+    assert_eq!(report.runs, 3, "{report:?}");
+    for r in [&keyed, &mid, &leaf] {
+        assert_eq!(s.run(&r.id).await.expect("read"), None);
+    }
+    for r in [&live, &child, &done, &orphan] {
+        assert!(s.run(&r.id).await.expect("read").is_some(), "{} kept", r.id);
+    }
+    // The key is free again: a start under it is a new run.
+    let again = s
+        .create_run(NewRun {
+            idempotency_key: Some("order-7".into()),
+            ..new_run(8, v.version, &json!({"order": 7}))
+        })
+        .await
+        .expect("a new run under the freed key");
+    assert!(again.is_created(), "{again:?}");
+}
+
+async fn a_waiting_runs_timer_makes_it_claimable_once_due(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let lease = claim(s, &run.id, "host-1", T0).await.expect("claimed");
+    s.commit(fenced(&lease, vec![event(0, "run_started")]))
+        .await
+        .expect("started");
+    // The driver halts the run waiting, with a timer.
+    let mut c = set_status(&run.id, RunStatus::WaitingJudgment);
+    c.fence = Some(lease.fence());
+    c.events = vec![event(1, "run_waiting")];
+    if let Some(u) = c.run_update.as_mut() {
+        u.wake_at = Some(T0 + 1_000);
+    }
+    s.commit(c).await.expect("waiting");
+    s.release_lease(&lease).await.expect("released");
+    let rec = s.run(&run.id).await.expect("read").expect("run");
+    assert_eq!(rec.wake_at, Some(T0 + 1_000));
+    assert_eq!(s.next_wake().await.expect("next"), Some(T0 + 1_000));
+
+    // Not yet due: a waiting run is an operator's, not a server's.
+    let early = s
+        .claim_runnable("server", T0 + 999, TTL, 10)
+        .await
+        .expect("claim");
+    assert!(early.iter().all(|(r, _)| r.id != run.id), "{early:?}");
+    // Due: claimed, and the claim clears the timer (the driver sets the next).
+    let due = s
+        .claim_runnable("server", T0 + 1_000, TTL, 10)
+        .await
+        .expect("claim");
+    let (claimed, _) = due
+        .iter()
+        .find(|(r, _)| r.id == run.id)
+        .expect("the woken run is claimed");
+    assert_eq!(claimed.status, RunStatus::WaitingJudgment);
+    assert_eq!(claimed.wake_at, None);
+    let rec = s.run(&run.id).await.expect("read").expect("run");
+    assert_eq!(rec.wake_at, None);
+    assert_eq!(s.next_wake().await.expect("next"), None);
+    // Held by a live lease, a due run is not claimed again.
+    s.set_wake(&run.id, Some(T0 + 500)).await.expect("set");
+    let again = s
+        .claim_runnable("other", T0 + 1_001, TTL, 10)
+        .await
+        .expect("claim");
+    assert!(again.iter().all(|(r, _)| r.id != run.id));
+    // An ended run has no timer, and setting one does nothing.
+    let mut end = set_status(&run.id, RunStatus::Failed);
+    end.events = vec![event(2, "run_failed")];
+    s.commit(end).await.expect("failed");
+    s.set_wake(&run.id, Some(T0)).await.expect("no-op");
+    assert_eq!(
+        s.run(&run.id).await.expect("read").expect("run").wake_at,
+        None
+    );
+    assert_eq!(s.next_wake().await.expect("next"), None);
+    let err = s
+        .set_wake(&run_id(99), Some(T0))
+        .await
+        .expect_err("unknown run");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
+
+async fn a_judgment_request_expires_once_and_then_takes_no_answer(h: &Harness) {
+    let s = h.s();
+    let run = make_run(s, 1).await;
+    let other = make_run(s, 2).await;
+    let open = |n: u128| JudgmentWrite::Open {
+        id: judgment_id(n),
+        step: StepId::from("review"),
+        iteration: 1,
+        request: json!({"question": "ship it?"}),
+        request_hash: format!("b3:req{n}"),
+        at: T0,
+    };
+    let with = |run: &RunId, judgments: Vec<JudgmentWrite>| {
+        let mut c = Commit::new(run.clone());
+        c.judgments = judgments;
+        c
+    };
+    s.commit(with(&run.id, vec![open(1), open(2)]))
+        .await
+        .expect("open");
+    // Another run may not expire it; this one does, once.
+    let err = s
+        .commit(with(
+            &other.id,
+            vec![JudgmentWrite::Expire {
+                id: judgment_id(1),
+                at: T0 + 5,
+            }],
+        ))
+        .await
+        .expect_err("not its request");
+    assert!(
+        matches!(err, StoreError::JudgmentConflict { .. }),
+        "{err:?}"
+    );
+    s.commit(with(
+        &run.id,
+        vec![JudgmentWrite::Expire {
+            id: judgment_id(1),
+            at: T0 + 5,
+        }],
+    ))
+    .await
+    .expect("expire");
+    let j = s
+        .judgment(&judgment_id(1))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(
+        (j.status, j.result.clone(), j.expired_at),
+        (JudgmentStatus::Expired, None, Some(T0 + 5))
+    );
+    let listed: Vec<_> = s
+        .open_judgments()
+        .await
+        .expect("open")
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        listed,
+        vec![judgment_id(2)],
+        "an expired request is not open"
+    );
+    for late in [
+        JudgmentWrite::Answer {
+            id: judgment_id(1),
+            result: json!(true),
+            at: T0 + 6,
+        },
+        JudgmentWrite::Expire {
+            id: judgment_id(1),
+            at: T0 + 6,
+        },
+    ] {
+        let err = s
+            .commit(with(&run.id, vec![late]))
+            .await
+            .expect_err("closed");
+        assert!(
+            matches!(&err, StoreError::JudgmentConflict { .. }),
+            "{err:?}"
+        );
+    }
+    // An answered request does not expire.
+    s.commit(with(
+        &run.id,
+        vec![JudgmentWrite::Answer {
+            id: judgment_id(2),
+            result: json!(true),
+            at: T0 + 7,
+        }],
+    ))
+    .await
+    .expect("answer");
+    let err = s
+        .commit(with(
+            &run.id,
+            vec![JudgmentWrite::Expire {
+                id: judgment_id(2),
+                at: T0 + 8,
+            }],
+        ))
+        .await
+        .expect_err("answered");
+    assert!(
+        matches!(err, StoreError::JudgmentConflict { .. }),
+        "{err:?}"
+    );
+}
+
+async fn arming_moves_the_current_version_and_disarming_clears_it(h: &Harness) {
+    let s = h.s();
+    let w = wf("demo.flow");
+    let v1 = publish(s, "demo.flow", "a", None).await.version;
+    let v2 = publish(s, "demo.flow", "b", Some(v1)).await.version;
+    let other = publish(s, "other.flow", "a", None).await.version;
+    assert_eq!(s.armed(&w).await.expect("read"), None);
+    assert_eq!(s.arm(&w, Some(&v1), T0).await.expect("arm v1"), None);
+    let before = s.arm(&w, Some(&v2), T0 + 1).await.expect("arm v2");
+    assert_eq!(
+        before,
+        Some(ArmedRecord {
+            workflow_id: w.clone(),
+            version: Some(v1),
+            at: T0
+        })
+    );
+    let disarmed = s.arm(&w, None, T0 + 2).await.expect("disarm");
+    assert_eq!(disarmed.and_then(|r| r.version), Some(v2));
+    assert_eq!(
+        s.armed(&w).await.expect("read"),
+        Some(ArmedRecord {
+            workflow_id: w.clone(),
+            version: None,
+            at: T0 + 2
+        })
+    );
+    // A version of another workflow, or one not stored, is refused.
+    let err = s
+        .arm(&w, Some(&other), T0 + 3)
+        .await
+        .expect_err("another workflow's");
+    assert!(
+        matches!(&err, StoreError::ArmOtherWorkflow { workflow, .. } if *workflow == w),
+        "{err:?}"
+    );
+    let missing = WorkflowVersion::of_canonical_bytes(b"never published");
+    let err = s
+        .arm(&w, Some(&missing), T0 + 3)
+        .await
+        .expect_err("missing");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    assert_eq!(
+        s.armed(&w).await.expect("read").map(|r| r.at),
+        Some(T0 + 2),
+        "a refused arm changes nothing"
+    );
+}
+
+async fn unload_deadlines_are_kept_by_version(h: &Harness) {
+    let s = h.s();
+    let v = publish(s, "demo.flow", "a", None).await.version;
+    assert_eq!(s.unload_deadline(&v).await.expect("read"), None);
+    s.set_unload_deadline(&v, T0 + 60_000, T0)
+        .await
+        .expect("set");
+    assert_eq!(
+        s.unload_deadline(&v).await.expect("read"),
+        Some(T0 + 60_000)
+    );
+    s.set_unload_deadline(&v, T0 + 5_000, T0 + 1)
+        .await
+        .expect("moved");
+    assert_eq!(s.unload_deadline(&v).await.expect("read"), Some(T0 + 5_000));
+    let missing = WorkflowVersion::of_canonical_bytes(b"never published");
+    let err = s
+        .set_unload_deadline(&missing, T0, T0)
+        .await
+        .expect_err("missing");
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+}
 
 async fn publish_creates_then_returns_existing(h: &Harness) {
     let s = h.s();
@@ -683,6 +1215,7 @@ async fn runs_are_listed_and_linked(h: &Harness) {
         reason: Some("boom".into()),
         output_hash: None,
         updated_at: T0 + 50,
+        wake_at: None,
     });
     s.commit(done).await.expect("update");
     let failed = s
@@ -807,6 +1340,7 @@ async fn a_failed_commit_leaves_nothing(h: &Harness) {
             reason: None,
             output_hash: Some(BlobHash::of(&blob)),
             updated_at: T0 + 10,
+            wake_at: None,
         }),
         durability: Durability::Sync,
     };
@@ -1444,6 +1978,7 @@ async fn judgments_open_and_answer_once(h: &Harness) {
         reason: Some("no longer needed".into()),
         output_hash: None,
         updated_at: T0 + 200,
+        wake_at: None,
     });
     s.commit(c).await.expect("cancel");
     assert!(s.open_judgments().await.expect("open").is_empty());
@@ -1468,6 +2003,7 @@ async fn run_updates_and_final_states(h: &Harness) {
             reason: (status == RunStatus::Failed).then(|| "tool failed".to_owned()),
             output_hash: output,
             updated_at: T0 + 500,
+            wake_at: None,
         });
         c
     };
@@ -1546,6 +2082,7 @@ fn set_status(run: &RunId, status: RunStatus) -> Commit {
         reason: None,
         output_hash: None,
         updated_at: T0 + 5,
+        wake_at: None,
     });
     c
 }
@@ -1816,6 +2353,7 @@ async fn a_fenced_commit_after_a_takeover_writes_nothing(h: &Harness) {
             reason: None,
             output_hash: Some(BlobHash::of(&blob)),
             updated_at: T0 + 99,
+            wake_at: None,
         }),
         durability: Durability::Sync,
     };
@@ -2804,7 +3342,7 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
-    assert_eq!(SCHEMA_VERSION, 5, "this code writes schema 5");
+    assert_eq!(SCHEMA_VERSION, 7, "this code writes schema 7");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("poimen.db");
     populated_store(&path).await;
@@ -2892,6 +3430,7 @@ async fn fixture_contents(s: &dyn Store) {
             reason: None,
             output_hash: Some(BlobHash::of(&out)),
             updated_at: T0 + 20,
+            wake_at: None,
         }),
         durability: Durability::Sync,
     })
@@ -2927,6 +3466,7 @@ async fn fixture_contents(s: &dyn Store) {
             reason: None,
             output_hash: None,
             updated_at: T0 + 31,
+            wake_at: None,
         }),
         ..Commit::new(run_id(1))
     })
@@ -3064,13 +3604,13 @@ async fn upgrades_with_every_row_intact(path: &Path, from: u32) {
             // Every old column as it was; the tenant, new, is `default`;
             // the old lease of run 1 is epoch 1, expiring when it was
             // claimed, and run 2, never claimed, has epoch 0 and no expiry;
-            // neither is in an admission group.
+            // neither is in an admission group, nor has a timer.
             "runs" => {
                 use rusqlite::types::Value::{Integer, Null, Text};
                 assert_eq!(after[k].len(), before[k].len(), "{table}");
                 let leases = [
-                    [Integer(1), Integer(T0 + 1), Null, Null, Integer(0)],
-                    [Integer(0), Null, Null, Null, Integer(0)],
+                    [Integer(1), Integer(T0 + 1), Null, Null, Integer(0), Null],
+                    [Integer(0), Null, Null, Null, Integer(0), Null],
                 ];
                 for ((new, old), lease) in after[k].iter().zip(&before[k]).zip(&leases) {
                     assert_eq!(new[..old.len()], old[..], "{table}");
@@ -4223,7 +4763,8 @@ async fn pg_hosts_opening_one_new_database_at_once_migrate_it_once() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1]);
+    let want: Vec<i32> = (1..=poimen_store::PG_SCHEMA_VERSION as i32).collect();
+    assert_eq!(versions, want, "every migration, once");
 }
 
 #[cfg(feature = "postgres")]

@@ -41,7 +41,8 @@ impl WorkflowDef {
             priority: Priority::Normal,
             concurrency: Concurrency::default(),
             key: None,
-            durable: true,
+            durable: None,
+            unload: Unload::default(),
             state: BTreeMap::new(),
             limits: Limits::default(),
             tool: None,
@@ -124,8 +125,15 @@ impl WorkflowDef {
         self
     }
 
+    /// `Some(false)`: runs in memory only; `Some(true)`: durable whatever
+    /// the host's default.
     pub fn with_durable(mut self, durable: bool) -> Self {
-        self.durable = durable;
+        self.durable = Some(durable);
+        self
+    }
+
+    pub fn with_unload(mut self, unload: Unload) -> Self {
+        self.unload = unload;
         self
     }
 
@@ -395,7 +403,14 @@ impl JudgmentStep {
             executor: None,
             profile: None,
             constraints: Vec::new(),
+            on_timeout: None,
         }
+    }
+
+    /// What happens when no answer comes within the step's timeout.
+    pub fn with_on_timeout(mut self, fallback: JudgmentFallback) -> Self {
+        self.on_timeout = Some(fallback);
+        self
     }
 
     /// Adds a source template.

@@ -315,9 +315,16 @@ pub struct WorkflowDef {
     /// It may read `inputs` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<Template>,
-    /// Durability class: `false` keeps runs in memory only.
-    #[serde(skip_serializing_if = "is_true")]
-    pub durable: bool,
+    /// Durability class: `Some(false)` keeps runs in memory only (gone
+    /// after a restart), `Some(true)` makes them durable whatever the
+    /// host's default; `None` takes the host's default (the policy file's
+    /// `durability.work`), resolved before the workflow runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durable: Option<bool>,
+    /// What happens to live runs of this version when another version of
+    /// its workflow is armed, or the workflow is disarmed.
+    #[serde(skip_serializing_if = "is_default")]
+    pub unload: Unload,
     /// Declared run variables and how concurrent writes to them combine.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub state: BTreeMap<StateKey, StateDecl>,
@@ -344,12 +351,48 @@ pub struct WorkflowDef {
     pub budget: BudgetDef,
 }
 
-pub(crate) fn default_true() -> bool {
-    true
+/// Retirement of a version's live runs (seed 002, `unload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Unload {
+    /// What to do with the runs.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub policy: UnloadPolicy,
+    /// For `drain`: how long runs may go on before they are cancelled;
+    /// absent, they may finish whenever they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Millis>,
 }
 
-fn is_true(b: &bool) -> bool {
-    *b
+/// What [`Unload`] does with a retired version's live runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UnloadPolicy {
+    /// Let them finish (within `timeout`, if one is given; then cancel).
+    #[default]
+    Drain,
+    /// Cancel them now, each cancel recorded.
+    Cancel,
+    /// Leave them running on the version they pinned.
+    Detach,
+}
+
+/// What a judgment step does when no answer came within its timeout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum JudgmentFallback {
+    /// The step fails.
+    Fail,
+    /// This answer is taken, as if given (it must satisfy the result schema).
+    Answer(Value),
+    /// The request is asked again of another executor or profile, once, with
+    /// the same timeout; if that one expires too, the step fails.
+    Escalate {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        executor: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        profile: Option<String>,
+    },
 }
 
 /// Scheduling weight: a tiebreak under scarcity, not a reservation.
@@ -820,6 +863,12 @@ pub struct JudgmentStep {
     /// Constraints stated to the judge, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub constraints: Vec<String>,
+    /// What happens when the step's `timeout` passes without an answer;
+    /// absent, the host's policy decides (`judgment.on-timeout`, by default
+    /// `fail`). A judgment step without a `timeout` waits as long as the
+    /// policy's `judgment.timeout-ms`, or forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<JudgmentFallback>,
 }
 
 /// An edge between top-level steps.

@@ -34,6 +34,15 @@ pub struct ToolInfo {
     #[serde(default)]
     pub capabilities: Vec<Capability>,
     pub effect: EffectClass,
+    /// The longest call the host's sandbox policy lets this component run,
+    /// in milliseconds; a step timeout above it is refused at load rather
+    /// than clamped. `None`: the registry states no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_timeout_ms: Option<u64>,
+    /// For a workflow registered as a tool (`tool:`): the version a call
+    /// runs, as a child run. `None`: a component.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<crate::WorkflowVersion>,
 }
 
 /// A reference that matched nothing.

@@ -179,7 +179,17 @@ fn field_rows() -> Vec<(&'static str, Mutation)> {
         ("WorkflowDoc.key", |d| {
             d.key = Some("{{ inputs.since }}".into())
         }),
-        ("WorkflowDoc.durable", |d| d.durable = true),
+        ("WorkflowDoc.durable", |d| d.durable = Some(true)),
+        ("WorkflowDoc.unload", |d| {
+            d.unload = Unload {
+                policy: UnloadPolicy::Cancel,
+                timeout: None,
+            }
+        }),
+        ("Unload.policy", |d| d.unload.policy = UnloadPolicy::Detach),
+        ("Unload.timeout", |d| {
+            d.unload.timeout = Some(Millis(60_000))
+        }),
         ("WorkflowDoc.state", |d| {
             d.state.remove("draft_count");
         }),
@@ -385,6 +395,19 @@ fn field_rows() -> Vec<(&'static str, Mutation)> {
         }),
         ("JudgmentStep.sources", |d| {
             kind_mut!(d, "approve", Judgment).sources.pop();
+        }),
+        ("JudgmentStep.on_timeout", |d| {
+            kind_mut!(d, "approve", Judgment).on_timeout = Some(JudgmentFallback::Fail)
+        }),
+        ("JudgmentFallback.answer", |d| {
+            kind_mut!(d, "approve", Judgment).on_timeout =
+                Some(JudgmentFallback::Answer(json!({"approved": false})))
+        }),
+        ("JudgmentFallback.escalate", |d| {
+            kind_mut!(d, "approve", Judgment).on_timeout = Some(JudgmentFallback::Escalate {
+                executor: Some("ai-collab".into()),
+                profile: None,
+            })
         }),
         // Transition
         ("Transition.from", |d| {
@@ -686,6 +709,10 @@ fn every_ir_field_is_listed(d: &WorkflowDef) {
             },
         key: _,
         durable: _,
+        unload: Unload {
+            policy: _,
+            timeout: _,
+        },
         state: _,
         limits:
             Limits {
@@ -795,6 +822,7 @@ fn every_ir_field_is_listed(d: &WorkflowDef) {
                 executor: _,
                 profile: _,
                 constraints: _,
+                on_timeout: _,
             }) => {}
         }
     }
@@ -1209,6 +1237,7 @@ fn arb_kind() -> impl Strategy<Value = StepKind> {
                     executor,
                     profile,
                     constraints,
+                    on_timeout: None,
                 })
             }),
     ]
@@ -1374,7 +1403,8 @@ fn arb_workflow() -> impl Strategy<Value = WorkflowDef> {
                 on_overflow,
             },
             key: key.map(Template),
-            durable,
+            durable: Some(durable),
+            unload: Unload::default(),
             state: state
                 .into_iter()
                 .map(|(k, (schema, reducer))| {

@@ -346,3 +346,55 @@ fn frontend_serde_deserialize_of_the_ir_goes_through_the_strict_document_shape()
     let two_kinds = serde_json::json!({"id": "w", "steps": [{"id": "a", "model": {"prompt": "hi"}, "tool": {"name": "t"}}]});
     assert!(serde_json::from_value::<WorkflowDef>(two_kinds).is_err());
 }
+
+/// Inputs the fuzz targets found (`fixtures/fuzz/frontend/`, format from the
+/// extension): each parses without panicking, and an error's line and
+/// column lie within the document (1-based, at most one past its last line
+/// when the document ends with a line break).
+#[test]
+fn frontend_fuzz_regressions() {
+    let dir = fixtures().join("fuzz/frontend");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures/fuzz/frontend")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no regression inputs in {}",
+        dir.display()
+    );
+    for path in files {
+        let name = path.display().to_string();
+        let format = Format::from_path(&name).unwrap_or_else(|| panic!("{name}: extension"));
+        let src = std::fs::read(&path).expect("input");
+        let Err(e) = parse(&src, format, &name) else {
+            continue;
+        };
+        // JSON breaks lines at `\n`; YAML also at `\r\n` and a lone `\r`.
+        let lines = src
+            .iter()
+            .enumerate()
+            .filter(|&(i, &b)| {
+                b == b'\n'
+                    || (format == Format::Yaml && b == b'\r' && src.get(i + 1) != Some(&b'\n'))
+            })
+            .count()
+            + 1;
+        let line = e.line.unwrap_or(1);
+        assert!(
+            (1..=lines).contains(&line),
+            "{name}: line past the end: {e}"
+        );
+        assert!(
+            e.column.unwrap_or(1) >= 1,
+            "{name}: column not 1-based: {e}"
+        );
+    }
+    // A YAML error at the end of a document without a final line break is
+    // placed at that end, not on a line after it.
+    let e = err(b"id: w\nsteps: {a: 1", Format::Yaml);
+    assert_eq!(pos(&e), (Some(2), Some(13)), "{e}");
+    let e = err(b"id: w\rsteps: {a: 1", Format::Yaml);
+    assert_eq!(pos(&e), (Some(2), Some(13)), "{e}");
+}

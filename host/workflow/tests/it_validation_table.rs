@@ -238,6 +238,18 @@ fn table() -> Vec<Row> {
             ],
         ),
         row(
+            "predicate_too_deep.yaml",
+            vec![
+                e!(V::PredicateTooDeep { site: Site::Step { step, .. }, depth: 101, limit: 32 } if s(step, "route")),
+            ],
+        ),
+        row(
+            "predicate_loops_too_deep.yaml",
+            vec![
+                e!(V::PredicateLoopsTooDeep { site: Site::Step { step, .. }, nesting: 3, limit: 2 } if s(step, "route")),
+            ],
+        ),
+        row(
             "predicate_not_pure.yaml",
             vec![
                 e!(V::PredicateNotPure { site: Site::Step { step, .. }, function } if s(step, "route") && function == "now"),
@@ -293,6 +305,17 @@ fn table() -> Vec<Row> {
         row(
             "retry_attempts_out_of_range.yaml",
             vec![e!(V::RetryAttemptsOutOfRange { step, attempts: 11, limit: 10 } if s(step, "a"))],
+        ),
+        row(
+            "unload_timeout_without_drain.yaml",
+            vec![e!(V::UnloadTimeoutWithoutDrain { policy } if policy == "cancel")],
+        ),
+        row("zero_unload_timeout.yaml", vec![e!(V::ZeroUnloadTimeout)]),
+        row(
+            "fallback_answer_violates_schema.yaml",
+            vec![
+                e!(V::FallbackAnswerViolatesSchema { step, violations } if s(step, "approve") && violations.iter().any(|v| v.at == "/approved" && v.rule == "type")),
+            ],
         ),
         row(
             "timeout_out_of_range.yaml",
@@ -365,10 +388,33 @@ fn table() -> Vec<Row> {
                     output_schema: serde_json::Value::Null,
                     capabilities: Vec::new(),
                     effect: EffectClass::Pure,
+                    max_timeout_ms: None,
+                    workflow: None,
                 }),
                 ..Setup::default()
             },
             expect: vec![e!(V::ToolSchemaInvalid { tool, .. } if tool == "broken@0.1.0")],
+        },
+        Row {
+            fixture: "timeout_above_policy.yaml",
+            setup: Setup {
+                extra_tool: Some(ToolInfo {
+                    name: "slow".into(),
+                    version: semver::Version::new(0, 1, 0),
+                    digest: "b3:01".into(),
+                    description: String::new(),
+                    input_schema: serde_json::Value::Bool(true),
+                    output_schema: serde_json::Value::Null,
+                    capabilities: Vec::new(),
+                    effect: EffectClass::Pure,
+                    max_timeout_ms: Some(10_000),
+                    workflow: None,
+                }),
+                ..Setup::default()
+            },
+            expect: vec![
+                e!(V::TimeoutAbovePolicy { step, tool, timeout_ms: 60_000, max_ms: 10_000 } if s(step, "fetch") && tool == "slow"),
+            ],
         },
         row(
             "duplicate_criterion.yaml",
@@ -742,6 +788,8 @@ fn validation_step_rubric_verifiers_are_resolved_pinned_and_checked_for_shadow()
         output_schema: serde_json::Value::Null,
         capabilities: vec![Capability::Http],
         effect: EffectClass::Pure,
+        max_timeout_ms: None,
+        workflow: None,
     });
     let reg = Registries {
         tools: &tools,
@@ -822,7 +870,7 @@ fn at_limits_workflow() -> (WorkflowDef, MemoryWorkflows) {
         .with_step(StepDef::model("b3", "three"))
         .with_step(StepDef::conditional(
             "route",
-            "inputs.n == 1 || inputs.n == 2",
+            "[1, 2].exists(x, inputs.n == x)",
             "then_step",
         ))
         .with_step(StepDef::model("then_step", "then"))
@@ -844,7 +892,10 @@ fn at_limits() -> ValidatorLimits {
         max_loop_iterations: 5,
         max_subworkflow_depth: 2,
         max_template_bytes: 100,
-        max_predicate_bytes: "inputs.n == 1 || inputs.n == 2".len(),
+        max_predicate_bytes: "[1, 2].exists(x, inputs.n == x)".len(),
+        // the comprehension → its step `_||_` → `_==_` → `.n` → `inputs`
+        max_predicate_depth: 5,
+        max_predicate_loop_nesting: 1,
     }
 }
 
@@ -860,6 +911,11 @@ fn validation_constant_audit_each_limit_is_its_own_constant() {
     assert_eq!(d.max_subworkflow_depth, validate::MAX_SUBWORKFLOW_DEPTH);
     assert_eq!(d.max_template_bytes, validate::MAX_TEMPLATE_BYTES);
     assert_eq!(d.max_predicate_bytes, validate::MAX_PREDICATE_BYTES);
+    assert_eq!(d.max_predicate_depth, validate::MAX_PREDICATE_DEPTH);
+    assert_eq!(
+        d.max_predicate_loop_nesting,
+        validate::MAX_PREDICATE_LOOP_NESTING
+    );
 
     let (def, children) = at_limits_workflow();
     let (tools, verifiers) = registries();
@@ -873,7 +929,7 @@ fn validation_constant_audit_each_limit_is_its_own_constant() {
     }
     // Lowering exactly one limit by one moves exactly its own check.
     type Lower = fn(&mut ValidatorLimits);
-    let cases: [(&str, Lower, ValidationCode); 8] = [
+    let cases: [(&str, Lower, ValidationCode); 10] = [
         (
             "max_steps",
             |l| l.max_steps -= 1,
@@ -914,6 +970,16 @@ fn validation_constant_audit_each_limit_is_its_own_constant() {
             |l| l.max_predicate_bytes -= 1,
             ValidationCode::PredicateTooLarge,
         ),
+        (
+            "max_predicate_depth",
+            |l| l.max_predicate_depth -= 1,
+            ValidationCode::PredicateTooDeep,
+        ),
+        (
+            "max_predicate_loop_nesting",
+            |l| l.max_predicate_loop_nesting -= 1,
+            ValidationCode::PredicateLoopsTooDeep,
+        ),
     ];
     for (name, lower, code) in cases {
         let mut limits = at_limits();
@@ -927,4 +993,95 @@ fn validation_constant_audit_each_limit_is_its_own_constant() {
 #[test]
 fn validation_fixture_paths_are_relative_to_the_repository() {
     assert!(Path::new(&fixtures().join("registry/tools.json")).exists());
+}
+
+/// Predicates the `cel_predicates` fuzz target found too deep to evaluate
+/// (`fixtures/fuzz/predicates_too_deep/`: a chain of 2 000 additions, within
+/// the byte limit, overflowed a worker thread's stack when a run evaluated
+/// it): each is refused at load, as a conditional's `on` and as a loop's
+/// `when`, with its depth and the limit.
+#[test]
+fn validation_fuzz_regressions_deep_predicates() {
+    let dir = fixtures().join("fuzz/predicates_too_deep");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures/fuzz/predicates_too_deep")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no regression inputs in {}",
+        dir.display()
+    );
+    let (tools, verifiers) = registries();
+    let workflows = MemoryWorkflows::new();
+    let reg = Registries {
+        tools: &tools,
+        verifiers: &verifiers,
+        workflows: &workflows,
+    };
+    for path in files {
+        let predicate = std::fs::read_to_string(&path).expect("predicate");
+        let def = WorkflowDef::new("fuzz.deep")
+            .with_step(StepDef::model("a", "hi"))
+            .with_step(StepDef::conditional("route", predicate.as_str(), "b"))
+            .with_step(StepDef::model("b", "there"))
+            .with_edge("a", "route")
+            .with_loop(
+                "route",
+                "a",
+                NonZeroU32::new(2).expect("2"),
+                Some(predicate.as_str()),
+            );
+        let errors = validate(&def, &reg).expect_err("too deep");
+        let deep = |e: &ValidationError| {
+            matches!(e, ValidationError::PredicateTooDeep { depth, limit, .. }
+                if *depth > *limit && *limit == validate::MAX_PREDICATE_DEPTH)
+        };
+        assert_eq!(
+            errors.iter().filter(|e| deep(e)).count(),
+            2,
+            "{}: {errors:#?}",
+            path.display()
+        );
+        assert_eq!(errors.len(), 2, "{}: {errors:#?}", path.display());
+    }
+    // Predicates whose macros nest so deep that evaluating them took minutes
+    // (`fixtures/fuzz/predicates_too_many_loops/`) are refused the same way.
+    let dir = fixtures().join("fuzz/predicates_too_many_loops");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures/fuzz/predicates_too_many_loops")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no regression inputs in {}",
+        dir.display()
+    );
+    for path in files {
+        let predicate = std::fs::read_to_string(&path).expect("predicate");
+        let def = WorkflowDef::new("fuzz.loops")
+            .with_step(StepDef::conditional("route", predicate.as_str(), "b"))
+            .with_step(StepDef::model("b", "there"));
+        let errors = validate(&def, &reg).expect_err("too many loops");
+        assert!(
+            matches!(&errors[..], [ValidationError::PredicateLoopsTooDeep { nesting, limit, .. }]
+                if *nesting > *limit && *limit == validate::MAX_PREDICATE_LOOP_NESTING),
+            "{}: {errors:#?}",
+            path.display()
+        );
+    }
+    // The deepest chain the validator still compiles (to measure it) does
+    // not overflow this test thread's 2 MiB stack either.
+    let chained = validate::MAX_PREDICATE_DEPTH * 8;
+    let predicate = vec!["1"; chained + 1].join(" + ");
+    let def = WorkflowDef::new("fuzz.deep")
+        .with_step(StepDef::conditional("route", predicate.as_str(), "b"))
+        .with_step(StepDef::model("b", "there"));
+    let errors = validate(&def, &reg).expect_err("too deep");
+    assert!(
+        matches!(&errors[..], [ValidationError::PredicateTooDeep { depth, .. }] if *depth == chained + 1),
+        "{errors:#?}"
+    );
 }

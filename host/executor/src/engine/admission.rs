@@ -90,11 +90,7 @@ impl Executor {
         if runnable.def.concurrency.on_overflow != Overflow::Replace {
             return Ok(());
         }
-        let store = if runnable.def.durable {
-            &self.kernel.store
-        } else {
-            &self.kernel.memory
-        };
+        let store = self.kernel.store_for(&runnable.def);
         let runs = store
             .list_runs(RunFilter {
                 workflow_id: Some(runnable.def.id.clone()),

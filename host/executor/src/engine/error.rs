@@ -57,6 +57,30 @@ pub enum StartError {
     /// Cancelling the run it replaces (`on_overflow: replace`) failed.
     #[error("cannot replace an active run: {0}")]
     Replace(Box<OperatorError>),
+    /// Refused under pressure: retryable (later, or on another host).
+    #[error(
+        "this host is under pressure (`{level}`: {queued} step(s) waiting for {workers} worker(s)), so new `{}`-priority runs of `{workflow}` are shed; retry later or on another host (`high` runs are never shed)",
+        match .priority { poimen_workflow::Priority::Low => "low", poimen_workflow::Priority::Normal => "normal", poimen_workflow::Priority::High => "high" }
+    )]
+    Shed {
+        workflow: WorkflowId,
+        priority: poimen_workflow::Priority,
+        level: crate::sched::Pressure,
+        queued: usize,
+        workers: usize,
+    },
+}
+
+impl StartError {
+    /// Whether the same start may succeed if tried again unchanged: a run
+    /// shed under pressure, or a store that failed for the moment.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StartError::Shed { .. } => true,
+            StartError::Store(e) => e.is_unavailable(),
+            _ => false,
+        }
+    }
 }
 
 impl From<StoreError> for StartError {

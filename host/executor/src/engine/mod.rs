@@ -17,7 +17,7 @@ mod serve;
 
 use std::sync::Arc;
 
-use poimen_store::{IntentRecord, Lease, RunId, RunRecord, RunStatus, Store};
+use poimen_store::{IntentRecord, Lease, RunId, RunRecord, RunStatus, Store, StoredEvent};
 use serde_json::Value;
 
 pub use error::{JudgmentError, Operation, OperatorError, RunError, StartError};
@@ -39,6 +39,8 @@ pub struct StartOptions {
     /// another input under it is refused.
     pub idempotency_key: Option<String>,
     pub tenant: TenantId,
+    /// The starter's trace context (see [`ExecutorConfig::trace_parent`](crate::ExecutorConfig::trace_parent)).
+    pub trace: Option<crate::kernel::TraceCarrier>,
 }
 
 /// Runs workflows.
@@ -71,9 +73,34 @@ impl Executor {
         }
     }
 
+    /// An executor whose ephemeral runs (`durable: false`) live in
+    /// `ephemeral` instead of a memory store of its own: an embedder that
+    /// observes its stores (events, metrics) sees those runs too.
+    pub fn with_ephemeral_store(
+        store: Arc<dyn Store>,
+        ephemeral: Arc<dyn Store>,
+        tools: Arc<dyn ToolHost>,
+        models: Arc<dyn ModelProvider>,
+        clock: Arc<dyn Clock>,
+        loader: Arc<dyn WorkflowLoader>,
+        config: ExecutorConfig,
+    ) -> Executor {
+        let mut kernel = Kernel::new(store, tools, models, clock, loader, config);
+        kernel.memory = ephemeral;
+        Executor {
+            kernel: Arc::new(kernel),
+        }
+    }
+
     /// The durable store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.kernel.store
+    }
+
+    /// The step scheduler's counts and state now (workers, queue,
+    /// pressure, runs shed).
+    pub fn scheduler(&self) -> crate::sched::SchedulerStats {
+        self.kernel.sched.stats()
     }
 
     /// Starts a run and drives it until it ends or must wait.
@@ -133,6 +160,23 @@ impl Executor {
         opts: StartOptions,
         hold: bool,
     ) -> Result<Started, StartError> {
+        // Under pressure, this host sheds new runs by priority.
+        if let Err(r) = self.kernel.sched.admit(runnable.def.priority) {
+            tracing::warn!(
+                workflow = %runnable.def.id,
+                priority = ?runnable.def.priority,
+                level = %r.level,
+                queued = r.queued,
+                "run shed under pressure"
+            );
+            return Err(StartError::Shed {
+                workflow: runnable.def.id.clone(),
+                priority: runnable.def.priority,
+                level: r.level,
+                queued: r.queued,
+                workers: r.workers,
+            });
+        }
         // The run's admission group; `replace` makes room in it first. The
         // store admits or refuses the run as it creates it.
         let admission = admission::admission_of(&runnable.def, &input)?;
@@ -141,11 +185,7 @@ impl Executor {
                 .await?;
         }
         // A top-level run lives where its workflow's durability class says.
-        let store = if runnable.def.durable {
-            self.kernel.store.clone()
-        } else {
-            self.kernel.memory.clone()
-        };
+        let store = self.kernel.store_for(&runnable.def).clone();
         let spec = NewRunSpec {
             runnable,
             input,
@@ -156,6 +196,7 @@ impl Executor {
             tenant: opts.tenant,
             hold,
             admission: admission.as_ref().map(|(a, _)| a.clone()),
+            trace: opts.trace,
         };
         let def = spec.runnable.def.clone();
         run::create(&self.kernel, store, spec)
@@ -183,6 +224,15 @@ impl Executor {
     pub async fn episode(&self, run: &RunId) -> Result<Episode, RunError> {
         let (store, _) = self.locate(run).await?;
         Ok(run::episode(&*store, run).await?)
+    }
+
+    /// A run's stored events with a sequence number of `from` or more.
+    pub async fn events_from(&self, run: &RunId, from: u64) -> Result<Vec<StoredEvent>, RunError> {
+        let (store, _) = self.locate(run).await?;
+        Ok(match from.checked_sub(1) {
+            None => store.events(run).await?,
+            Some(after) => store.events_after(run, after).await?,
+        })
     }
 
     /// A run's state, refolded from its episode.
@@ -281,7 +331,13 @@ impl Executor {
     /// lease on it). A queued run becomes running once claimed.
     async fn drive_root(&self, run: &RunId, lease: Option<Lease>) -> Result<RunOutcome, RunError> {
         let (_, rec) = self.locate(run).await?;
-        if !matches!(rec.status, RunStatus::Running | RunStatus::Queued) {
+        // A waiting run is driven too: one of its timers may have come (an
+        // expired judgment request, a passed deadline); if none has, it
+        // stays waiting.
+        if !matches!(
+            rec.status,
+            RunStatus::Running | RunStatus::Queued | RunStatus::WaitingJudgment
+        ) {
             return self.recorded_outcome(run).await;
         }
         let ctx = self.load(run, lease).await?;

@@ -116,7 +116,13 @@ impl Executor {
             while let Some(done) = tasks.try_join_next() {
                 log_done(done);
             }
-            let free = workers.saturating_sub(tasks.len());
+            // Under pressure, claim nothing new: the queued runs wait for
+            // a host (this one, later, or another) with workers to spare.
+            let free = if self.kernel.sched.pressure() == crate::sched::Pressure::Ok {
+                workers.saturating_sub(tasks.len())
+            } else {
+                0
+            };
             let claimed = match self.claim_runnable(free as u32).await {
                 Ok(c) => c,
                 Err(RunError::Store(e)) => {

@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use poimen_workflow::{StepDef, StepId, StepKind};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::rubric::Scored;
 use super::{Halt, Inconsistency, RunCtx, RunFailure, StepEnd};
@@ -16,10 +17,20 @@ use crate::episode::{
     CallOutcome, EpisodeEvent, Receipt, StepStatus, VerdictOutcome, VerdictRecord,
 };
 use crate::hash::hash_json;
+use crate::render::{context, render_args};
 use crate::scope::RunScope;
 use crate::state::{RunState, reduce};
 
 type StepFuture = BoxFuture<'static, Result<StepEnd, Halt>>;
+
+/// Aborts a timer task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Which attempt of which execution of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +49,11 @@ impl RunCtx {
         owner: Option<StepId>,
         scope: RunScope,
     ) -> StepFuture {
+        let span = tracing::info_span!(
+            "step",
+            step = %id,
+            kind = self.runnable.step(&id).map_or("", |d| d.kind.name()),
+        );
         async move {
             let Some(def) = self.runnable.step(&id).cloned() else {
                 return Err(Inconsistency::UnknownStep(id).into());
@@ -95,7 +111,12 @@ impl RunCtx {
             loop {
                 let spine = owner.is_none();
                 let at = AttemptId { iteration, attempt };
-                let mut end = self.clone().attempt(&def, at, spine, &scope).await?;
+                let span = tracing::info_span!("attempt", iteration, attempt);
+                let mut end = self
+                    .clone()
+                    .attempt(&def, at, spine, &scope)
+                    .instrument(span)
+                    .await?;
                 // Writes of parallel branches are applied by the join, in
                 // branch order, so completion order cannot matter.
                 let parallel_owned = owner.as_ref().is_some_and(|o| {
@@ -107,6 +128,20 @@ impl RunCtx {
                 // The state write is checked against the key's contract
                 // before the step counts as completed: a write that breaks
                 // it fails the attempt (and may be retried).
+                // The policy's output bound holds for every step's output.
+                if let (StepEnd::Completed(output), Some(limit)) =
+                    (&end, self.kernel.config.output_bytes)
+                {
+                    let size = crate::hash::canonical_json(output).len() as u64;
+                    if size > limit {
+                        end = StepEnd::Failed(Failure::new(
+                            FailureClass::Failed,
+                            format!(
+                                "step `{id}` produced {size} bytes of output, over the policy's `[bounds] output-bytes` of {limit}"
+                            ),
+                        ));
+                    }
+                }
                 let mut write = None;
                 if let StepEnd::Completed(output) = &end
                     && !parallel_owned
@@ -197,6 +232,7 @@ impl RunCtx {
                 }
             }
         }
+        .instrument(span)
         .boxed()
     }
 
@@ -298,6 +334,27 @@ impl RunCtx {
         })
     }
 
+    /// The workflow version a tool step's tool runs, when the run pinned a
+    /// workflow registered as a tool for it.
+    async fn workflow_tool(
+        &self,
+        t: &poimen_workflow::ToolStep,
+    ) -> Option<poimen_workflow::WorkflowVersion> {
+        self.snapshot()
+            .await
+            .tools
+            .get(&t.tool.to_string())
+            .and_then(|p| p.workflow)
+    }
+
+    /// A worker of this host's scheduler for one step execution, waited
+    /// for by the run's priority unless the scope stops first.
+    async fn worker(&self, scope: &RunScope) -> Result<crate::sched::Permit, crate::scope::Stop> {
+        scope
+            .guard(self.kernel.sched.acquire(self.runnable.def.priority))
+            .await
+    }
+
     /// One attempt: the kind's work, then the verifiers.
     /// `spine`: the step is on the run's serial spine (not a fan-out branch).
     async fn attempt(
@@ -327,36 +384,108 @@ impl RunCtx {
                 ),
             });
         }
+        // A step that contains others (a fan-out, a choice, a child run)
+        // is bounded as a whole by its `timeout`, counted from the
+        // execution's start (waits included): what is still running then is
+        // stopped and recorded as such, and the step fails as timed out.
+        let workflow_tool = match &def.kind {
+            StepKind::Tool(t) => self.workflow_tool(t).await,
+            _ => None,
+        };
+        // The execution's start: recorded, or — a start not yet committed
+        // (a tool step's rides with its first write) — now.
+        let started_at = if st.iteration == at.iteration && st.started_at > 0 {
+            st.started_at
+        } else {
+            self.kernel.clock.now_ms()
+        };
+        let bounded = match (&def.kind, def.timeout) {
+            (
+                StepKind::Parallel(_) | StepKind::Conditional(_) | StepKind::SubWorkflow(_),
+                Some(t),
+            ) => Some(started_at.saturating_add(i64::try_from(t.0).unwrap_or(i64::MAX))),
+            (StepKind::Tool(_), Some(t)) if workflow_tool.is_some() => {
+                Some(started_at.saturating_add(i64::try_from(t.0).unwrap_or(i64::MAX)))
+            }
+            _ => None,
+        };
+        let group = match bounded {
+            Some(_) => scope.branch(),
+            None => scope.clone(),
+        };
+        let timer = bounded.map(|deadline| {
+            if deadline <= self.kernel.clock.now_ms() {
+                group.cancel();
+            }
+            let (clock, g) = (self.kernel.clock.clone(), group.clone());
+            AbortOnDrop(tokio::spawn(async move {
+                clock.sleep_until(deadline).await;
+                g.cancel();
+            }))
+        });
         let (input, end) = match &def.kind {
+            StepKind::Tool(t) if let Some(version) = workflow_tool => {
+                // A workflow called as a tool: a child run, bounded like a
+                // sub-workflow by the step's timeout, which holds no worker
+                // of its own (its steps take theirs).
+                let args =
+                    render_args(&t.args.0, &context(&self.snapshot().await)).unwrap_or(Value::Null);
+                let end = self
+                    .clone()
+                    .workflow_tool_attempt(def, t, version, at, &group)
+                    .await?;
+                (args, end)
+            }
             StepKind::Tool(t) => {
                 // With no verifiers, the step's end follows the call at
                 // once: the call's outcome can ride with it.
                 let defer = spine && def.verify.is_empty();
+                let _worker = match self.worker(scope).await {
+                    Ok(w) => w,
+                    Err(stop) => return Ok(stop.into()),
+                };
                 self.clone().tool_attempt(def, t, at, defer, scope).await?
             }
             StepKind::Model(m) => {
                 // As for a tool: with no verifiers the answer rides with
                 // the step's end, the commit that first uses it.
                 let defer = spine && def.verify.is_empty();
+                let _worker = match self.worker(scope).await {
+                    Ok(w) => w,
+                    Err(stop) => return Ok(stop.into()),
+                };
                 self.model_attempt(def, m, at, defer, scope).await?
             }
             StepKind::Conditional(c) => (
                 Value::Null,
                 self.clone()
-                    .conditional_attempt(def, c, at.iteration, scope)
+                    .conditional_attempt(def, c, at.iteration, &group)
                     .await?,
             ),
             StepKind::Parallel(p) => (
                 Value::Null,
                 self.clone()
-                    .parallel_attempt(def, p, at.iteration, scope)
+                    .parallel_attempt(def, p, at.iteration, &group)
                     .await?,
             ),
             StepKind::SubWorkflow(s) => (
                 Value::Null,
-                self.clone().subworkflow_attempt(def, s, at, scope).await?,
+                self.clone().subworkflow_attempt(def, s, at, &group).await?,
             ),
             StepKind::Judgment(j) => (Value::Null, self.judgment_attempt(def, j, at).await?),
+        };
+        drop(timer);
+        // The group stopped and the step's own scope did not: its timeout.
+        let end = match (bounded, group.stopped(), scope.stopped()) {
+            (Some(_), Some(_), None) => StepEnd::Failed(Failure::new(
+                FailureClass::Timeout,
+                format!(
+                    "step `{}` did not finish within its timeout of {} ms; what it was running was stopped",
+                    def.id,
+                    def.timeout.map_or(0, |t| t.0)
+                ),
+            )),
+            _ => end,
         };
         let end = match end {
             StepEnd::Completed(output) if !def.verify.is_empty() => {

@@ -10,6 +10,7 @@
 use poimen_store::{IntentPhase, IntentRecord, RunStatus};
 use poimen_workflow::{EffectClass, StepDef, ToolRef};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::attempt::AttemptId;
 use super::{Batch, Halt, Inconsistency, RunCtx, RunFailure, StatusChange, StepEnd};
@@ -156,7 +157,18 @@ impl RunCtx {
             outcome,
             reconciled: false,
         };
-        let result = match scope.guard(self.kernel.tools.invoke(call)).await {
+        // Arguments appear only as their hash.
+        let span = tracing::info_span!(
+            "guest_call",
+            tool = %pinned.identity.name,
+            digest = %pinned.identity.digest,
+            args_hash = %args_hash,
+        );
+        let result = match scope
+            .guard(self.kernel.tools.invoke(call))
+            .instrument(span)
+            .await
+        {
             Ok(r) => r,
             Err(stop) => {
                 // The guest was interrupted: close the intent so nothing dangles.

@@ -23,6 +23,7 @@ mod intent;
 mod rubric;
 mod start;
 mod steps;
+mod timers;
 mod walk;
 
 use std::collections::BTreeMap;
@@ -91,6 +92,8 @@ pub(crate) enum Halt {
     Blocked,
     /// The run was cancelled.
     Cancelled,
+    /// The run's version was unloaded and its drain timeout passed.
+    Unloaded,
     /// The run must fail now.
     Fail(RunFailure),
     /// The store refused a write: nothing more can be recorded.
@@ -156,6 +159,10 @@ pub(crate) enum RunFailure {
         to: StepId,
         cause: crate::render::RenderError,
     },
+    #[error(
+        "the run's output is {bytes} bytes, over the policy's `[bounds] output-bytes` of {limit}"
+    )]
+    OutputTooLarge { bytes: u64, limit: u64 },
     #[error("the run's output template failed: {0}")]
     OutputTemplate(crate::render::RenderError),
     #[error("the run's output does not match the workflow's `outputs` schema: {0}")]
@@ -242,6 +249,8 @@ pub(crate) struct StatusChange {
     pub status: RunStatus,
     pub reason: Option<String>,
     pub output_hash: Option<BlobHash>,
+    /// The run's timer from this commit on (a waiting run's next deadline).
+    pub wake_at: Option<i64>,
 }
 
 impl StatusChange {
@@ -250,6 +259,7 @@ impl StatusChange {
             status,
             reason: None,
             output_hash: None,
+            wake_at: None,
         }
     }
 
@@ -258,7 +268,14 @@ impl StatusChange {
             status,
             reason: Some(reason.into()),
             output_hash: None,
+            wake_at: None,
         }
+    }
+
+    /// With the run's timer set to `at`.
+    pub fn waking(mut self, at: Option<i64>) -> StatusChange {
+        self.wake_at = at;
+        self
     }
 }
 
@@ -352,6 +369,7 @@ pub(crate) fn store_commit(
             reason: c.reason,
             output_hash: c.output_hash,
             updated_at: at,
+            wake_at: c.wake_at,
         }),
         durability: batch.durability,
     };
@@ -375,6 +393,8 @@ pub(crate) struct RunCtx {
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
     /// Records the next commit carries ahead of its own (see [`Deferred`]).
     deferred: std::sync::Mutex<Deferred>,
+    /// The starter's trace context, for the run's span.
+    pub trace: Option<crate::kernel::TraceCarrier>,
 }
 
 /// Records queued for the run's next commit, which carries them ahead of its
@@ -434,6 +454,7 @@ impl RunCtx {
                 .push(i.phase);
         }
         Arc::new(RunCtx {
+            trace: state.trace.clone(),
             kernel: at.kernel,
             store: at.store,
             run: at.run,

@@ -108,6 +108,8 @@ pub(crate) struct NewRunSpec {
     /// A top-level run's concurrency group: a held run of a full group is
     /// left `queued` too, until a slot frees.
     pub admission: Option<poimen_store::AdmissionRequest>,
+    /// The starter's trace context, recorded in `run_started`.
+    pub trace: Option<crate::kernel::TraceCarrier>,
 }
 
 /// Creates a run in `store` and records its start: the input is checked
@@ -131,6 +133,7 @@ pub(crate) async fn create(
         tenant,
         hold,
         admission,
+        trace,
     } = spec;
     let def = &runnable.def;
     if let Some(schema) = &runnable.schemas.inputs {
@@ -199,6 +202,7 @@ pub(crate) async fn create(
         tools: pins.tools,
         verifiers: pins.verifiers,
         subworkflows: pins.subworkflows,
+        trace,
     };
     // Not held — enqueued, or held and its admission group is full: the
     // start is recorded (pins and all) but the run stays `queued`, held by

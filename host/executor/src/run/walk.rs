@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use poimen_store::{BlobHash, RunStatus};
+use tracing::Instrument;
 
 use super::rubric::Scored;
 use super::{
@@ -15,15 +16,38 @@ use super::{
 use crate::episode::{EpisodeEvent, StepStatus};
 use crate::hash::canonical_json;
 use crate::render::{context, eval_predicate, render_args};
+use crate::scope::Interruption;
 use crate::state::RunState;
 
 impl RunCtx {
     /// Drives the run until it ends or must wait.
     pub fn drive(self: Arc<Self>) -> BoxFuture<'static, RunOutcome> {
+        let span = tracing::info_span!(
+            "run",
+            workflow = %self.runnable.def.id,
+            version = %self.runnable.version,
+            run = %self.run,
+            tenant = %self.scope.tenant,
+            depth = self.depth,
+        );
+        // A run driven away from its starter (claimed from the queue,
+        // taken over, resumed), outside any span, continues the starter's
+        // trace; one driven in its starter's request is that span's child.
+        if let (Some(trace), Some(parent)) = (&self.trace, &self.kernel.config.trace_parent)
+            && tracing::Span::current().is_none()
+        {
+            (parent.0)(&span, trace);
+        }
         async move {
-            let halt = self.clone().walk().await;
+            let timers = self.start_timers().await;
+            let halt = match self.wake_if_due().await {
+                Ok(()) => self.clone().walk().await,
+                Err(h) => Err(h),
+            };
+            drop(timers);
             self.conclude(halt).await
         }
+        .instrument(span)
         .boxed()
     }
 
@@ -212,6 +236,14 @@ impl RunCtx {
             }
         }
         let bytes = canonical_json(&output);
+        if let Some(limit) = self.kernel.config.output_bytes
+            && bytes.len() as u64 > limit
+        {
+            return Err(Halt::Fail(RunFailure::OutputTooLarge {
+                bytes: bytes.len() as u64,
+                limit,
+            }));
+        }
         let blob = BlobHash::of(&bytes);
         self.commit(Batch {
             blobs: vec![bytes],
@@ -221,9 +253,8 @@ impl RunCtx {
                     output_hash: blob.to_string(),
                 }],
                 StatusChange {
-                    status: RunStatus::Completed,
-                    reason: None,
                     output_hash: Some(blob),
+                    ..StatusChange::to(RunStatus::Completed)
                 },
             )
         })
@@ -233,8 +264,46 @@ impl RunCtx {
 
     /// Turns how the walk stopped into a recorded run status.
     async fn conclude(&self, result: Result<(), Halt>) -> RunOutcome {
+        // Interrupted, not cancelled: a limit passed, or the version was
+        // unloaded.
+        let result = match (result, self.scope.interruption()) {
+            (Err(Halt::Cancelled), Some(why)) => Err(match why {
+                Interruption::Deadline {
+                    elapsed_ms,
+                    limit_ms,
+                } => Halt::Fail(RunFailure::Deadline {
+                    elapsed_ms: *elapsed_ms,
+                    limit_ms: *limit_ms,
+                }),
+                Interruption::WallTime {
+                    active_ms,
+                    budget_ms,
+                } => Halt::Fail(RunFailure::WallTime {
+                    active_ms: *active_ms,
+                    budget_ms: *budget_ms,
+                }),
+                Interruption::Unloaded { .. } => Halt::Unloaded,
+            }),
+            (other, _) => other,
+        };
         let written = match result {
-            Ok(()) | Err(Halt::Waiting) | Err(Halt::Blocked) => Ok(()),
+            Ok(()) | Err(Halt::Blocked) => Ok(()),
+            Err(Halt::Waiting) => {
+                self.set_timer().await;
+                Ok(())
+            }
+            Err(Halt::Unloaded) => {
+                let reason =
+                    "cancelled: its version was unloaded and the drain timeout passed".to_owned();
+                self.commit(Batch::status(
+                    vec![EpisodeEvent::RunCancelled {
+                        reason: reason.clone(),
+                    }],
+                    StatusChange::because(RunStatus::Cancelled, reason),
+                ))
+                .await
+                .map_err(Halt::from)
+            }
             Err(Halt::Cancelled) => {
                 let reason = "cancelled by request".to_owned();
                 self.commit(Batch::status(

@@ -37,6 +37,7 @@ pub struct PluginHostBuilder {
     pool_instances: Option<u32>,
     max_concurrent: Option<usize>,
     withhold_ungranted: bool,
+    scratch_dir: Option<PathBuf>,
 }
 
 impl PluginHostBuilder {
@@ -92,6 +93,15 @@ impl PluginHostBuilder {
     /// `bundled:json`).
     pub fn component_bytes(mut self, origin: impl Into<String>, bytes: impl Into<Vec<u8>>) -> Self {
         self.components.push((origin.into(), bytes.into()));
+        self
+    }
+
+    /// Where calls' `scratch` directories are made (default
+    /// `$TMPDIR/poimen-scratch-UID`). Each host keeps its own directory there,
+    /// locked while it lives; a host that starts deletes those of hosts
+    /// that died.
+    pub fn scratch_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.scratch_dir = Some(dir.into());
         self
     }
 
@@ -166,6 +176,12 @@ impl PluginHostBuilder {
                 .unwrap_or_default(),
             message,
         })?;
+        let scratch = scratch(
+            self.scratch_dir
+                .clone()
+                .unwrap_or_else(crate::scratch::default_base),
+        )
+        .await?;
         let mut linker = Linker::new(&engine);
         state::link(&mut linker).map_err(|e| BuildError::Engine(format!("{e:#}")))?;
         engine::start_ticker(&engine);
@@ -188,6 +204,7 @@ impl PluginHostBuilder {
                 policy,
                 base_limits,
                 registry: RwLock::new(Registry::new(sources)),
+                scratch,
                 slots: tokio::sync::Semaphore::new(max_concurrent),
                 in_flight: AtomicUsize::new(0),
                 released: tokio::sync::Notify::new(),
@@ -199,10 +216,10 @@ impl PluginHostBuilder {
         // under a first-party name, with its grants).
         for (origin, bytes) in self.components {
             match host
-                .load_inner(origin, bytes, self.withhold_ungranted)
+                .load_inner(origin, bytes, self.withhold_ungranted, false)
                 .await
             {
-                Ok(entry) => host.reserve(&entry.info.name, &entry.origin),
+                Ok((entry, _)) => host.reserve(&entry.info.name, &entry.origin),
                 // A withheld component is recorded, not refused; its name
                 // stays reserved (no one else may take it while it waits
                 // for a grant).
@@ -214,7 +231,7 @@ impl PluginHostBuilder {
         }
         for (origin, bytes) in components {
             if let Err(e) = host
-                .load_inner(origin, bytes, self.withhold_ungranted)
+                .load_inner(origin, bytes, self.withhold_ungranted, false)
                 .await
             {
                 if !self.withhold_ungranted {
@@ -258,8 +275,32 @@ impl std::fmt::Debug for PluginHostBuilder {
             .field("pool_instances", &self.pool_instances)
             .field("max_concurrent", &self.max_concurrent)
             .field("withhold_ungranted", &self.withhold_ungranted)
+            .field("scratch_dir", &self.scratch_dir)
             .finish()
     }
+}
+
+/// Sweeps `base` of dead hosts' scratch directories (a failure is only
+/// worth a warning: the next start tries again), then makes this host's.
+async fn scratch(base: PathBuf) -> Result<crate::scratch::ScratchRoot, BuildError> {
+    let made = tokio::task::spawn_blocking(move || {
+        if let Err(e) = crate::scratch::sweep(&base) {
+            tracing::warn!(
+                "could not sweep dead hosts' scratch directories under {}: {e}",
+                base.display()
+            );
+        }
+        crate::scratch::ScratchRoot::create(&base)
+    })
+    .await
+    .map_err(|e| BuildError::Scratch {
+        path: String::new(),
+        message: e.to_string(),
+    })?;
+    made.map_err(|e| BuildError::Scratch {
+        path: e.path.display().to_string(),
+        message: e.message,
+    })
 }
 
 fn read_plugin_dir(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, BuildError> {

@@ -11,9 +11,12 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::PluginHost;
 use crate::bindings::{self, Descriptor};
 use crate::error::{GuestLanguage, InvokeError, ToolError};
-use crate::limits::{CallLimits, MAX_ERROR_MESSAGE_BYTES, MemoryLimitHit, STDERR_CAPTURE_BYTES};
+use crate::limits::{
+    CallLimits, LimitHit, MAX_ERROR_MESSAGE_BYTES, MAX_HOSTCALL_BYTES, MemoryLimitHit, Resource,
+    STDERR_CAPTURE_BYTES,
+};
 use crate::policy::Grant;
-use crate::record::{Baseline, Captured, HostCall, HostcallRecord, Refusal};
+use crate::record::{Baseline, Captured, HostCall, HostcallRecord, Omitted, Refusal};
 use crate::registry::Pre;
 use crate::state::CallState;
 
@@ -43,8 +46,10 @@ pub(super) enum Returned {
 pub(super) struct GuestRun {
     result: Result<Returned, InvokeError>,
     fuel_consumed: Option<u64>,
+    memory_peak_bytes: Option<u64>,
     host_calls: Vec<HostCall>,
     refusals: Vec<Refusal>,
+    omitted: Omitted,
     baseline: Baseline,
     stderr: Captured,
 }
@@ -186,6 +191,19 @@ fn classify(err: &wasmtime::Error, limits: &CallLimits, stderr: &Captured) -> In
             requested_bytes: hit.requested,
         };
     }
+    if let Some(hit) = err.downcast_ref::<LimitHit>() {
+        return InvokeError::ResourceExhausted {
+            resource: hit.resource,
+            limit: hit.limit,
+        };
+    }
+    if let Some(resource) = exhausted_by_wasmtime(err) {
+        let limit = match resource {
+            Resource::Handles => u64::from(limits.handles),
+            _ => MAX_HOSTCALL_BYTES as u64,
+        };
+        return InvokeError::ResourceExhausted { resource, limit };
+    }
     if let Some(trap) = err.downcast_ref::<Trap>() {
         return match trap {
             Trap::StackOverflow => InvokeError::StackOverflow,
@@ -202,6 +220,27 @@ fn classify(err: &wasmtime::Error, limits: &CallLimits, stderr: &Captured) -> In
         return trapped(format!("the guest called exit({})", exit.0), stderr);
     }
     trapped(format!("{err:#}"), stderr)
+}
+
+/// The limits wasmtime itself enforces for the host (its resource table,
+/// the store's component handles, hostcall fuel), by their errors. The
+/// types of the last two are private to wasmtime: their messages are what
+/// it offers.
+fn exhausted_by_wasmtime(err: &wasmtime::Error) -> Option<Resource> {
+    if matches!(
+        err.downcast_ref::<wasmtime::component::ResourceTableError>(),
+        Some(wasmtime::component::ResourceTableError::Full)
+    ) {
+        return Some(Resource::Handles);
+    }
+    let text = format!("{err:#}");
+    if text.contains("resource table has no free keys") || text.contains("store handle limit") {
+        Some(Resource::Handles)
+    } else if text.contains("fuel allocated for hostcalls has been exhausted") {
+        Some(Resource::HostcallBytes)
+    } else {
+        None
+    }
 }
 
 fn truncate(mut s: String, max: usize) -> String {
@@ -247,8 +286,10 @@ impl PluginHost {
         let failed = |e: InvokeError| GuestRun {
             result: Err(e),
             fuel_consumed: None,
+            memory_peak_bytes: None,
             host_calls: Vec::new(),
             refusals: Vec::new(),
+            omitted: Omitted::default(),
             baseline: Baseline::default(),
             stderr: Captured::default(),
         };
@@ -292,10 +333,42 @@ impl PluginHost {
         limits: CallLimits,
         seed: &[u8; 32],
     ) -> Result<Store<CallState>, InvokeError> {
-        let state = CallState::new(grants, seed, limits.memory_bytes, STDERR_CAPTURE_BYTES)
-            .map_err(InvokeError::Host)?;
+        let state = CallState::new(
+            grants,
+            seed,
+            &limits,
+            STDERR_CAPTURE_BYTES,
+            Some(&self.inner.scratch),
+        )
+        .map_err(InvokeError::Host)?;
         let mut store = Store::new(&self.inner.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // What the guest can make the host allocate outside its memory:
+        // handles in the store's tables, and bytes per host call. The result
+        // of the call itself is not a host call: it is bounded by the
+        // guest's memory and then by `output_bytes`, with its own error; so
+        // the byte bound holds only while the guest runs.
+        store.set_max_component_handles(usize::try_from(limits.handles).unwrap_or(usize::MAX));
+        store.set_hostcall_fuel(usize::MAX);
+        store.call_hook(|mut cx, hook| {
+            let depth = &mut cx.data_mut().wasm_depth;
+            match hook {
+                wasmtime::CallHook::CallingWasm => {
+                    *depth += 1;
+                    if *depth == 1 {
+                        cx.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
+                    }
+                }
+                wasmtime::CallHook::ReturningFromWasm => {
+                    *depth = depth.saturating_sub(1);
+                    if *depth == 0 {
+                        cx.set_hostcall_fuel(usize::MAX);
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        });
         if let Some(fuel) = limits.fuel {
             store
                 .set_fuel(fuel)
@@ -380,9 +453,10 @@ impl PluginHost {
             .fuel
             .map(|f| f.saturating_sub(store.get_fuel().unwrap_or(f)));
         let data = store.data();
+        let memory_peak_bytes = Some(data.limiter.peak());
         let stderr = data.stderr();
         let baseline = data.baseline();
-        let (host_calls, refusals) = data.journal.take();
+        let (host_calls, refusals, omitted) = data.journal.take();
         let result = match timed {
             Err(()) => Err(InvokeError::Timeout {
                 limit: limits.timeout,
@@ -398,8 +472,10 @@ impl PluginHost {
         GuestRun {
             result,
             fuel_consumed,
+            memory_peak_bytes,
             host_calls,
             refusals,
+            omitted,
             baseline,
             stderr,
         }
@@ -415,7 +491,9 @@ impl PluginHost {
         started: Instant,
     ) -> Result<Returned, InvokeError> {
         record.fuel_consumed = run.fuel_consumed;
+        record.memory_peak_bytes = run.memory_peak_bytes;
         record.host_calls = run.host_calls;
+        record.omitted = run.omitted;
         record.baseline = run.baseline;
         record.stderr = run.stderr;
         record.wall_time_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);

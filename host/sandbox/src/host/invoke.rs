@@ -13,7 +13,7 @@ use super::PluginHost;
 use super::call::{GuestVerdict, Invocation, ToolRequest, VerifierInvocation, VerifierRequest};
 use super::guest::{GuestCall, Returned, tool_error};
 use crate::error::InvokeError;
-use crate::limits::CallLimits;
+use crate::limits::{CallLimits, Resource};
 use crate::record::{Baseline, CallKind, Captured, HostcallRecord, Outcome, b3};
 use crate::registry::{Loaded, PluginKind};
 use crate::state;
@@ -21,6 +21,99 @@ use crate::state;
 pub(super) fn canonical(v: &Value) -> Result<String, InvokeError> {
     crate::canonical::to_string(v)
         .map_err(|e| InvokeError::Host(format!("cannot canonicalize JSON: {e}")))
+}
+
+/// A tool's result, parsed — after counting its values without building
+/// them, so a result of too many is refused before the host holds it.
+fn parse_output(text: &str, max_values: u64) -> Result<Value, InvokeError> {
+    let not_json =
+        |e: serde_json::Error| InvokeError::InvalidOutput(format!("the result is not JSON: {e}"));
+    let mut budget = Budget {
+        left: max_values,
+        over: false,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    match serde::de::DeserializeSeed::deserialize(Values(&mut budget), &mut de) {
+        Ok(()) => {}
+        Err(_) if budget.over => {
+            return Err(InvokeError::ResourceExhausted {
+                resource: Resource::OutputValues,
+                limit: max_values,
+            });
+        }
+        Err(e) => return Err(not_json(e)),
+    }
+    serde_json::from_str::<Value>(text).map_err(not_json)
+}
+
+/// How many more values a result may hold, and whether it held more.
+struct Budget {
+    left: u64,
+    over: bool,
+}
+
+/// Counts JSON values down from the budget it holds, failing when it runs
+/// out.
+struct Values<'a>(&'a mut Budget);
+
+impl Values<'_> {
+    fn take<E: serde::de::Error>(&mut self) -> Result<(), E> {
+        if self.0.left == 0 {
+            self.0.over = true;
+            return Err(E::custom("too many values"));
+        }
+        self.0.left -= 1;
+        Ok(())
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Values<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Values<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(mut self, _: bool) -> Result<(), E> {
+        self.take()
+    }
+    fn visit_i64<E: serde::de::Error>(mut self, _: i64) -> Result<(), E> {
+        self.take()
+    }
+    fn visit_u64<E: serde::de::Error>(mut self, _: u64) -> Result<(), E> {
+        self.take()
+    }
+    fn visit_f64<E: serde::de::Error>(mut self, _: f64) -> Result<(), E> {
+        self.take()
+    }
+    fn visit_str<E: serde::de::Error>(mut self, _: &str) -> Result<(), E> {
+        self.take()
+    }
+    fn visit_unit<E: serde::de::Error>(mut self) -> Result<(), E> {
+        self.take()
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        self.take()?;
+        while seq.next_element_seed(Values(self.0))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        self.take()?;
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(Values(self.0))?;
+        }
+        Ok(())
+    }
 }
 
 /// What a successful outcome hashes as: its canonical JSON text.
@@ -70,12 +163,14 @@ impl PluginHost {
             limits,
             host_calls: Vec::new(),
             refusals: Vec::new(),
+            omitted: Default::default(),
             baseline: Baseline::default(),
             outcome: Outcome::Error {
                 kind: String::new(),
                 message: String::new(),
             },
             fuel_consumed: None,
+            memory_peak_bytes: None,
             wall_time_us: 0,
             stderr: Captured::default(),
         }
@@ -133,9 +228,7 @@ impl PluginHost {
                             limit_bytes: limits.output_bytes,
                         });
                     }
-                    let output = serde_json::from_str::<Value>(&text).map_err(|e| {
-                        InvokeError::InvalidOutput(format!("the result is not JSON: {e}"))
-                    })?;
+                    let output = parse_output(&text, limits.output_nodes)?;
                     entry.output_schema.check(&output).map_err(|violations| {
                         InvokeError::OutputSchema {
                             tool: format!("{}@{}", entry.info.name, entry.info.version),
@@ -246,5 +339,41 @@ impl PluginHost {
             },
         };
         record.wall_time_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_is_refused_for_its_number_of_values_before_it_is_built() {
+        assert_eq!(
+            parse_output(r#"{"a": [1, "x", null, true, {"b": 2.5}]}"#, 8),
+            Ok(serde_json::json!({"a": [1, "x", null, true, {"b": 2.5}]}))
+        );
+        // Eight values: the object, the array, four items, the inner
+        // object and its number.
+        let many = r#"{"a": [1, "x", null, true, {"b": 2.5}]}"#;
+        match parse_output(many, 7) {
+            Err(InvokeError::ResourceExhausted { resource, limit }) => {
+                assert_eq!((resource, limit), (Resource::OutputValues, 7));
+            }
+            other => panic!("expected the values limit, got {other:?}"),
+        }
+        let tiny = format!("[{}{{}}]", "{},".repeat(1_000_000));
+        assert!(matches!(
+            parse_output(&tiny, 1 << 18),
+            Err(InvokeError::ResourceExhausted { .. })
+        ));
+        // Bad JSON that stays within the budget is bad JSON.
+        assert!(matches!(
+            parse_output("[1, 2", 3),
+            Err(InvokeError::InvalidOutput(_))
+        ));
+        assert!(matches!(
+            parse_output("{} x", 100),
+            Err(InvokeError::InvalidOutput(_))
+        ));
     }
 }

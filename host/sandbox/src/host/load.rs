@@ -77,6 +77,8 @@ fn descriptor_info(origin: &str, d: Descriptor, digest: &str) -> Result<ToolInfo
             bindings::EffectClass::Idempotent => EffectClass::Idempotent,
             bindings::EffectClass::NonIdempotent => EffectClass::NonIdempotent,
         },
+        max_timeout_ms: None,
+        workflow: None,
     })
 }
 
@@ -101,7 +103,18 @@ struct Checked {
     /// What the compile cache keeps once the component is accepted.
     compiled: (Component, String),
     describe_record: HostcallRecord,
+    /// Whether the description came from the cache (`describe` not run).
+    describe_cached: bool,
+    /// What the cache keeps of a description made now, once accepted.
+    described: Option<Vec<u8>>,
     output_schema: OutputSchema,
+}
+
+/// What a component's `describe` returned, as the compile cache keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Described {
+    info: ToolInfo,
+    record: HostcallRecord,
 }
 
 impl PluginHost {
@@ -133,7 +146,60 @@ impl PluginHost {
             });
         }
         let (kind, pre) = self.prelink(origin, &component)?;
-        let limits = self.inner.policy.limits_for("", self.inner.base_limits);
+        let cached = match cache {
+            engine::CacheOutcome::Hit => self
+                .inner
+                .cache
+                .described(&digest_hex)
+                .and_then(|bytes| serde_json::from_slice::<Described>(&bytes).ok())
+                .filter(|d| d.info.digest == digest),
+            _ => None,
+        };
+        let (info, record, described) = match cached {
+            Some(Described { info, mut record }) => {
+                record.requested = origin.to_owned();
+                (info, record, None)
+            }
+            None => {
+                let (info, record) = self.describe(origin, &pre, &digest).await?;
+                let keep = serde_json::to_vec(&Described {
+                    info: info.clone(),
+                    record: record.clone(),
+                })
+                .ok();
+                (info, record, keep)
+            }
+        };
+        let output_schema = compile_output_schema(origin, &info.output_schema)?;
+        // What the declared capabilities cover is served through them; any
+        // other filesystem or HTTP import stays linked with nothing granted.
+        imports::settle(&mut imports, &info.capabilities);
+        Ok(Checked {
+            kind,
+            info,
+            pre,
+            imports,
+            cache,
+            compiled: (component, digest_hex),
+            describe_record: record,
+            describe_cached: described.is_none(),
+            described,
+            output_schema,
+        })
+    }
+
+    /// Calls the component's `describe`, under the policy's default limits
+    /// and no grants, and reads what it returned.
+    async fn describe(
+        &self,
+        origin: &str,
+        pre: &Pre,
+        digest: &str,
+    ) -> Result<(ToolInfo, HostcallRecord), LoadError> {
+        let limits = self
+            .inner
+            .policy
+            .limits_for("", digest, self.inner.base_limits);
         let started = Instant::now();
         let mut record = Self::record(
             CallKind::Describe,
@@ -144,10 +210,10 @@ impl PluginHost {
         );
         let run = self
             .run_guest(
-                &pre,
+                pre,
                 &[],
                 limits,
-                &state::seed(&digest, &record.args_hash),
+                &state::seed(digest, &record.args_hash),
                 GuestCall::Describe,
             )
             .await;
@@ -161,22 +227,17 @@ impl PluginHost {
                 });
             }
             Err(error) => {
-                record.outcome = Outcome::Error {
-                    kind: error.kind().to_owned(),
-                    message: error.to_string(),
-                };
                 return Err(LoadError::Describe {
                     origin: origin.to_owned(),
                     error: Box::new(error),
                 });
             }
         };
-        let info = descriptor_info(origin, descriptor, &digest)?;
-        let output_schema = compile_output_schema(origin, &info.output_schema)?;
+        let info = descriptor_info(origin, descriptor, digest)?;
         record.tool = Some(ComponentIdentity {
             name: info.name.clone(),
             version: info.version.to_string(),
-            digest: digest.clone(),
+            digest: digest.to_owned(),
             wit_package: WIT_PACKAGE.to_owned(),
         });
         let described = serde_json::to_value(&info).map_err(|e| LoadError::BadDescriptor {
@@ -189,30 +250,31 @@ impl PluginHost {
             output_hash: b3(text.as_bytes()),
             output_bytes: text.len() as u64,
         };
-        // What the declared capabilities cover is served through them; any
-        // other filesystem or HTTP import stays linked with nothing granted.
-        imports::settle(&mut imports, &info.capabilities);
-        Ok(Checked {
-            kind,
-            info,
-            pre,
-            imports,
-            cache,
-            compiled: (component, digest_hex),
-            describe_record: record,
-            output_schema,
-        })
+        Ok((info, record))
     }
 
-    /// Writes an accepted component's compiled form to the cache (off the
-    /// async threads: a language runtime's is tens of megabytes).
-    async fn keep_compiled(&self, compiled: (Component, String), outcome: engine::CacheOutcome) {
-        if outcome != engine::CacheOutcome::Compiled {
+    /// Writes an accepted component's compiled form and description to the
+    /// cache (off the async threads: a language runtime's compiled form is
+    /// tens of megabytes).
+    async fn keep_compiled(
+        &self,
+        compiled: (Component, String),
+        outcome: engine::CacheOutcome,
+        described: Option<Vec<u8>>,
+    ) {
+        if outcome == engine::CacheOutcome::Disabled
+            || (outcome == engine::CacheOutcome::Hit && described.is_none())
+        {
             return;
         }
         let cache = self.inner.cache.clone();
-        let _ = tokio::task::spawn_blocking(move || cache.keep(&compiled.0, &compiled.1, outcome))
-            .await;
+        let _ = tokio::task::spawn_blocking(move || {
+            cache.keep(&compiled.0, &compiled.1, outcome);
+            if let Some(d) = described {
+                cache.keep_described(&compiled.1, &d);
+            }
+        })
+        .await;
     }
 
     fn prelink(&self, origin: &str, component: &Component) -> Result<(PluginKind, Pre), LoadError> {
@@ -252,30 +314,85 @@ impl PluginHost {
 
     /// Loads one component into the registries: compiles it (or reads the
     /// cache), checks its imports against its declared capabilities and
-    /// those against policy, and registers it.
+    /// those against policy, and registers it. A running host takes it as
+    /// one being built does: the same checks, the same refusals.
     pub async fn load_component(
         &self,
         origin: impl Into<String>,
         bytes: impl Into<Vec<u8>>,
     ) -> Result<crate::registry::Entry, LoadError> {
-        self.load_inner(origin.into(), bytes.into(), false).await
+        self.load_inner(origin.into(), bytes.into(), false, false)
+            .await
+            .map(|(entry, _)| entry)
+    }
+
+    /// Loads a component in place of every loaded one of the same kind and
+    /// name, checked as [`load_component`](Self::load_component) checks. The
+    /// replaced ones are retired, not dropped: a call that pins one's digest
+    /// (a run that started on it) is still served by it, while every new
+    /// resolution finds the replacement. [`LoadError::NotLoaded`] if there
+    /// is nothing of that name to replace (load it instead).
+    pub async fn replace_component(
+        &self,
+        origin: impl Into<String>,
+        bytes: impl Into<Vec<u8>>,
+    ) -> Result<crate::registry::Replacement, LoadError> {
+        let (loaded, retired) = self
+            .load_inner(origin.into(), bytes.into(), false, true)
+            .await?;
+        Ok(crate::registry::Replacement { loaded, retired })
+    }
+
+    /// Unloads every version of the component `name` (or only `version`),
+    /// retired ones included: a call that reaches it afterwards — a run
+    /// that pinned it — fails, naming it. Returns what was unloaded;
+    /// [`LoadError::NotLoaded`] if nothing matched.
+    pub fn remove_component(
+        &self,
+        name: &str,
+        version: Option<&semver::Version>,
+    ) -> Result<Vec<crate::registry::Entry>, LoadError> {
+        let mut registry = self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let removed = registry.remove(name, version);
+        if removed.is_empty() {
+            return Err(LoadError::NotLoaded {
+                name: name.to_owned(),
+                version: version.map(ToString::to_string),
+                loaded: registry.names(),
+            });
+        }
+        Ok(removed)
     }
 
     /// Loads a component. With `withhold`, one denied a capability is also
-    /// recorded as withheld; the denial is returned either way.
+    /// recorded as withheld; the denial is returned either way. With
+    /// `replace`, it takes the place of the loaded ones of its kind and
+    /// name, which are returned (retired).
     pub(super) async fn load_inner(
         &self,
         origin: String,
         bytes: Vec<u8>,
         withhold: bool,
-    ) -> Result<crate::registry::Entry, LoadError> {
+        replace: bool,
+    ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
         let c = self.check(&origin, bytes).await?;
-        let reserved = self
-            .inner
-            .registry
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reserved_against(&c.info.name, &c.info.digest);
+        let reserved = {
+            let registry = self
+                .inner
+                .registry
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            // The name's owner may replace its own component.
+            if replace && registry.has(c.kind, &c.info.name) {
+                None
+            } else {
+                registry.reserved_against(&c.info.name, &c.info.digest)
+            }
+        };
         if let Some(owner) = reserved {
             return Err(LoadError::ReservedName {
                 name: c.info.name,
@@ -284,7 +401,7 @@ impl PluginHost {
             });
         }
         let policy = &self.inner.policy;
-        let grants = match policy.grant(&c.info.name, &c.info.capabilities) {
+        let grants = match policy.grant(&c.info.name, &c.info.digest, &c.info.capabilities) {
             Ok(grants) => grants,
             Err(missing) => {
                 let denied = match missing.first() {
@@ -320,7 +437,7 @@ impl PluginHost {
                 return Err(denied);
             }
         };
-        let limits = policy.limits_for(&c.info.name, self.inner.base_limits);
+        let limits = policy.limits_for(&c.info.name, &c.info.digest, self.inner.base_limits);
         let identity = ComponentIdentity {
             name: c.info.name.clone(),
             version: c.info.version.to_string(),
@@ -338,17 +455,37 @@ impl PluginHost {
             limits,
             cache: c.cache,
             describe_record: c.describe_record,
+            describe_cached: c.describe_cached,
             output_schema: c.output_schema,
         };
-        let entry = self
-            .inner
-            .registry
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(loaded)
-            .map(|l| l.entry())?;
-        self.keep_compiled(c.compiled, entry.cache).await;
-        Ok(entry)
+        let (entry, retired) = {
+            let mut registry = self
+                .inner
+                .registry
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Retired and replaced under one lock: no resolution ever finds
+            // the name missing in between.
+            let retired = if replace {
+                let retired = registry.retire(loaded.kind, &loaded.info.name);
+                if retired.is_empty() {
+                    return Err(LoadError::NotLoaded {
+                        name: loaded.info.name.clone(),
+                        version: None,
+                        loaded: registry.names(),
+                    });
+                }
+                registry.transfer(&loaded.info.name, &loaded.origin);
+                retired
+            } else {
+                Vec::new()
+            };
+            let entry = registry.insert(loaded).map(|l| l.entry())?;
+            (entry, retired)
+        };
+        self.keep_compiled(c.compiled, entry.cache, c.described)
+            .await;
+        Ok((entry, retired))
     }
 
     /// Describes a component and lists its imports without registering it.
@@ -359,10 +496,10 @@ impl PluginHost {
         if self
             .inner
             .policy
-            .grant(&c.info.name, &c.info.capabilities)
+            .grant(&c.info.name, &c.info.digest, &c.info.capabilities)
             .is_ok()
         {
-            self.keep_compiled(c.compiled, c.cache).await;
+            self.keep_compiled(c.compiled, c.cache, c.described).await;
         }
         Ok(Inspection {
             kind: c.kind,

@@ -54,6 +54,8 @@ struct Inner {
     policy: Policy,
     base_limits: CallLimits,
     registry: RwLock<Registry>,
+    /// Where calls' scratch directories are made.
+    scratch: crate::scratch::ScratchRoot,
     slots: tokio::sync::Semaphore,
     in_flight: AtomicUsize,
     /// Notified whenever a guest call ends (its instances back in the pool).
@@ -185,7 +187,12 @@ impl ToolRegistry for Tools {
     fn resolve_tool(&self, tool: &ToolRef) -> Result<ToolInfo, Unresolved> {
         self.0
             .with_registry(|r| r.resolve(PluginKind::Tool, tool, None))
-            .map(|l| l.info.clone())
+            .map(|l| ToolInfo {
+                max_timeout_ms: Some(
+                    u64::try_from(l.limits.timeout.as_millis()).unwrap_or(u64::MAX),
+                ),
+                ..l.info.clone()
+            })
             .map_err(|e| unresolved(e, tool))
     }
 }

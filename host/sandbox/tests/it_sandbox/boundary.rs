@@ -307,6 +307,38 @@ async fn declared_capabilities_must_be_granted_at_load() {
 }
 
 #[tokio::test]
+async fn a_grant_pinned_to_a_digest_goes_to_that_component_only() {
+    let data = tempfile::tempdir().expect("data");
+    std::fs::write(data.path().join("notes.txt"), "pinned").expect("write");
+    let real = b3(&bytes(plugin_artifacts::FS_READ));
+    let other = format!("b3:{}", "0".repeat(64));
+    let host_with = |pin: &str| {
+        let policy = poimen_sandbox::Policy::in_code()
+            .grant_fs_read("fs-read", "/data", data.path())
+            .and_then(|p| p.pin_digest("fs-read", pin))
+            .expect("policy");
+        support::builder()
+            .policy(policy)
+            .withhold_ungranted(true)
+            .component_bytes("t:fs-read", bytes(plugin_artifacts::FS_READ))
+            .build()
+    };
+    // Pinned to this very component: granted.
+    let host = host_with(&real).await.expect("host");
+    let r = call(&host, "fs-read", json!({"path": "notes.txt"})).await;
+    assert!(r.outcome.is_ok(), "{:?}", r.outcome);
+    // Pinned to another: this one has the name, not the grant.
+    let host = host_with(&other).await.expect("host");
+    let withheld = host.withheld();
+    assert_eq!(withheld.len(), 1, "{withheld:?}");
+    assert!(
+        withheld[0].reason.contains("grants only") && withheld[0].reason.contains(&real),
+        "{}",
+        withheld[0].reason
+    );
+}
+
+#[tokio::test]
 async fn withholding_builds_the_host_and_names_the_missing_grant_on_every_use() {
     let dir = tempfile::tempdir().expect("dir");
     for (name, path) in [
@@ -406,6 +438,49 @@ async fn the_compile_cache_is_used_the_second_time() {
     assert_eq!(first[0].cache, poimen_sandbox::CacheOutcome::Compiled);
     assert_eq!(second[0].cache, poimen_sandbox::CacheOutcome::Hit);
     assert_eq!(support::compiled_files(dir.path()), 1);
+}
+
+#[tokio::test]
+async fn a_cached_component_is_described_from_the_cache_without_running_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let build = |origin: &'static str| {
+        PluginHost::builder()
+            .cache_dir(dir.path())
+            .component_bytes(origin, bytes(plugin_artifacts::JSON))
+            .build()
+    };
+    let first = build("first").await.expect("host").tools().list();
+    let second = build("second").await.expect("host").tools().list();
+    assert!(!first[0].describe_cached, "the first load calls describe");
+    assert!(second[0].describe_cached, "a hit reads the description");
+    assert_eq!(first[0].info, second[0].info);
+    // The record is the one `describe` made, named for this load.
+    let (mut a, mut b) = (
+        first[0].describe_record.clone(),
+        second[0].describe_record.clone(),
+    );
+    assert_eq!(b.requested, "second");
+    (a.requested, a.wall_time_us, b.requested, b.wall_time_us) = Default::default();
+    assert_eq!(a, b);
+
+    // A description file that was tampered with is not believed: the
+    // component is described again (and the file rewritten).
+    let described: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "described"))
+        .collect();
+    assert_eq!(described.len(), 1);
+    let mut text = std::fs::read(&described[0]).expect("read");
+    let at = text.len() - 10;
+    text[at] ^= 1;
+    std::fs::write(&described[0], text).expect("tamper");
+    let third = build("third").await.expect("host").tools().list();
+    assert!(!third[0].describe_cached);
+    assert_eq!(third[0].info, first[0].info);
+    let fourth = build("fourth").await.expect("host").tools().list();
+    assert!(fourth[0].describe_cached, "rewritten");
 }
 
 #[tokio::test]

@@ -12,6 +12,10 @@ use serde_json::json;
 
 use crate::support::{self, SECRET, bytes, call, error, still_healthy, tool, world, world_with};
 
+// The hostile components' tests live with the other attacks on what the
+// host holds.
+pub(crate) use crate::hostile::{adv_hog, adv_http_hog};
+
 #[tokio::test]
 pub(crate) async fn json() {
     let w = world().await;

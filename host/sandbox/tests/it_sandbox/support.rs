@@ -31,6 +31,8 @@ pub const LOADABLE: &[(&str, &str)] = &[
     ("adv-huge-output", plugin_artifacts::ADV_HUGE_OUTPUT),
     ("adv-fs-escape", plugin_artifacts::ADV_FS_ESCAPE),
     ("adv-bad-output", plugin_artifacts::ADV_BAD_OUTPUT),
+    ("adv-hog", plugin_artifacts::ADV_HOG),
+    ("adv-http-hog", plugin_artifacts::ADV_HTTP_HOG),
 ];
 
 /// A compile cache shared by every host in this test binary.
@@ -168,6 +170,8 @@ pub async fn world_with(extra: impl FnOnce(Policy) -> Policy) -> World {
         .and_then(|p| p.grant_fs_write("ledger", "/ledger", &ledger))
         .and_then(|p| p.grant_fs_write("ledger-idempotent", "/ledger", &ledger))
         .and_then(|p| p.allow_http("http-get", &format!("127.0.0.1:{}", server.port)))
+        .and_then(|p| p.allow_http("adv-http-hog", &format!("127.0.0.1:{}", server.port)))
+        .and_then(|p| p.allow_http("adv-http-hog", &format!("localhost:{}", server.port)))
         .expect("policy")
         .limit(
             "adv-grow-memory",

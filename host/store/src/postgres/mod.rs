@@ -72,8 +72,8 @@ use self::errors::{pg_error, pool_error};
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion, PublishOutcome,
-    RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    ArmedRecord, Commit, CreateRun, GcReport, IntentRecord, JudgmentRecord, Lease, NewRun,
+    NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
 };
 use crate::redact::redact_url;
 use crate::rules;
@@ -349,6 +349,44 @@ impl Store for PostgresStore {
 
     async fn in_flight_runs(&self) -> StoreResult<Vec<RunRecord>> {
         ops::in_flight_runs(&self.client().await?, &self.ctx).await
+    }
+
+    async fn set_wake(&self, run: &RunId, at: Option<i64>) -> StoreResult<()> {
+        ops::set_wake(&self.client().await?, &self.ctx, run, at).await
+    }
+
+    async fn next_wake(&self) -> StoreResult<Option<i64>> {
+        ops::next_wake(&self.client().await?, &self.ctx).await
+    }
+
+    async fn arm(
+        &self,
+        workflow: &WorkflowId,
+        version: Option<&WorkflowVersion>,
+        at: i64,
+    ) -> StoreResult<Option<ArmedRecord>> {
+        ops::arm(&self.client().await?, &self.ctx, workflow, version, at).await
+    }
+
+    async fn armed(&self, workflow: &WorkflowId) -> StoreResult<Option<ArmedRecord>> {
+        ops::armed(&self.client().await?, &self.ctx, workflow).await
+    }
+
+    async fn set_unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+        deadline: i64,
+        at: i64,
+    ) -> StoreResult<()> {
+        ops::set_unload_deadline(&self.client().await?, &self.ctx, version, deadline, at).await
+    }
+
+    async fn unload_deadline(&self, version: &WorkflowVersion) -> StoreResult<Option<i64>> {
+        ops::unload_deadline(&self.client().await?, &self.ctx, version).await
+    }
+
+    async fn gc(&self, finished_before: i64, dry_run: bool) -> StoreResult<GcReport> {
+        ops::gc(&self.client().await?, &self.ctx, finished_before, dry_run).await
     }
 }
 

@@ -22,9 +22,9 @@ use crate::codec::{bad_value, effect_name, json_value, parse, parse_effect, to_l
 use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
-    Admission, Commit, CreateRun, Durability, IntentPhase, IntentRecord, JudgmentRecord,
-    JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord,
-    RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
+    Admission, ArmedRecord, Commit, CreateRun, Durability, GcReport, IntentPhase, IntentRecord,
+    JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome,
+    RunFilter, RunRecord, RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 
@@ -327,7 +327,8 @@ pub(crate) async fn blob(c: &Object, ctx: &Ctx, h: &BlobHash) -> Result<Option<V
 const RUN_COLS: &str = "r.id, r.workflow_id, r.version, r.tenant, r.status, r.reason, \
                         r.input_hash, r.output_hash, r.idempotency_key, r.parent_run, \
                         r.parent_step, r.created_at, r.updated_at, r.owner, r.lease_epoch, \
-                        r.lease_expires_at, r.admission_group, r.admission_max, r.admitted";
+                        r.lease_expires_at, r.admission_group, r.admission_max, r.admitted, \
+                        r.wake_at";
 
 const IN_FLIGHT: &str = "r.status IN ('queued', 'running', 'waiting_judgment', 'blocked')";
 
@@ -376,6 +377,7 @@ fn to_run(ctx: &Ctx, row: &Row) -> Result<RunRecord> {
         lease,
         admission,
         admitted: get(ctx, row, 18)?,
+        wake_at: get(ctx, row, 19)?,
         id,
     })
 }
@@ -504,6 +506,7 @@ pub(crate) async fn create_run(c: &Object, ctx: &Ctx, new: NewRun) -> Result<Cre
                     lease: if held { lease } else { None },
                     admitted: adm.is_some() && held,
                     admission: adm.map(|a| a.admission()),
+                    wake_at: None,
                 }));
             }
             _ => {}
@@ -548,6 +551,147 @@ pub(crate) async fn children(c: &Object, ctx: &Ctx, parent: &RunId) -> Result<Ve
 
 pub(crate) async fn in_flight_runs(c: &Object, ctx: &Ctx) -> Result<Vec<RunRecord>> {
     runs_where(c, ctx, &format!("{IN_FLIGHT} ORDER BY r.seq"), &[]).await
+}
+
+pub(crate) async fn set_wake(c: &Object, ctx: &Ctx, run: &RunId, at: Option<i64>) -> Result<()> {
+    let row = query_one(
+        c,
+        ctx,
+        "WITH set AS (
+             UPDATE runs SET wake_at = $2
+             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
+             RETURNING id)
+         SELECT EXISTS (SELECT 1 FROM runs WHERE id = $1),
+                -- Serving hosts look at their next timer again.
+                pg_notify('poimen_work', '') IS NULL",
+        &[&run.as_str(), &at],
+    )
+    .await?;
+    if get::<bool>(ctx, &row, 0)? {
+        Ok(())
+    } else {
+        Err(StoreError::not_found(format!("run {run}")))
+    }
+}
+
+pub(crate) async fn next_wake(c: &Object, ctx: &Ctx) -> Result<Option<i64>> {
+    let row = query_one(
+        c,
+        ctx,
+        "SELECT min(wake_at) FROM runs
+         WHERE wake_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')",
+        &[],
+    )
+    .await?;
+    get(ctx, &row, 0)
+}
+
+pub(crate) async fn arm(
+    c: &Object,
+    ctx: &Ctx,
+    workflow: &WorkflowId,
+    version: Option<&WorkflowVersion>,
+    at: i64,
+) -> Result<Option<ArmedRecord>> {
+    if let Some(v) = version {
+        match self::version(c, ctx, v).await? {
+            None => return Err(StoreError::not_found(format!("version {v}"))),
+            Some(rec) if rec.workflow_id != *workflow => {
+                return Err(StoreError::ArmOtherWorkflow {
+                    version: *v,
+                    its_workflow: rec.workflow_id,
+                    workflow: workflow.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    // The row before and after, in one statement.
+    let row = query_one(
+        c,
+        ctx,
+        "WITH before AS (SELECT version, at FROM armed WHERE workflow_id = $1),
+              put AS (INSERT INTO armed (workflow_id, version, at) VALUES ($1, $2, $3)
+                      ON CONFLICT (workflow_id) DO UPDATE SET version = excluded.version,
+                                                               at = excluded.at
+                      RETURNING 1)
+         SELECT (SELECT count(*) FROM put) > 0,
+                EXISTS (SELECT 1 FROM before),
+                (SELECT version FROM before), (SELECT at FROM before)",
+        &[&workflow.as_str(), &version.map(ToString::to_string), &at],
+    )
+    .await?;
+    if !get::<bool>(ctx, &row, 1)? {
+        return Ok(None);
+    }
+    Ok(Some(ArmedRecord {
+        workflow_id: workflow.clone(),
+        version: get::<Option<&str>>(ctx, &row, 2)?
+            .map(|v| parse(ctx.p(), "armed version", v))
+            .transpose()?,
+        at: get(ctx, &row, 3)?,
+    }))
+}
+
+pub(crate) async fn armed(
+    c: &Object,
+    ctx: &Ctx,
+    workflow: &WorkflowId,
+) -> Result<Option<ArmedRecord>> {
+    query_opt(
+        c,
+        ctx,
+        "SELECT version, at FROM armed WHERE workflow_id = $1",
+        &[&workflow.as_str()],
+    )
+    .await?
+    .map(|row| {
+        Ok(ArmedRecord {
+            workflow_id: workflow.clone(),
+            version: get::<Option<&str>>(ctx, &row, 0)?
+                .map(|v| parse(ctx.p(), "armed version", v))
+                .transpose()?,
+            at: get(ctx, &row, 1)?,
+        })
+    })
+    .transpose()
+}
+
+pub(crate) async fn set_unload_deadline(
+    c: &Object,
+    ctx: &Ctx,
+    version: &WorkflowVersion,
+    deadline: i64,
+    at: i64,
+) -> Result<()> {
+    if self::version(c, ctx, version).await?.is_none() {
+        return Err(StoreError::not_found(format!("version {version}")));
+    }
+    execute(
+        c,
+        ctx,
+        "INSERT INTO unloads (version, deadline, at) VALUES ($1, $2, $3)
+         ON CONFLICT (version) DO UPDATE SET deadline = excluded.deadline, at = excluded.at",
+        &[&version.to_string(), &deadline, &at],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn unload_deadline(
+    c: &Object,
+    ctx: &Ctx,
+    version: &WorkflowVersion,
+) -> Result<Option<i64>> {
+    query_opt(
+        c,
+        ctx,
+        "SELECT deadline FROM unloads WHERE version = $1",
+        &[&version.to_string()],
+    )
+    .await?
+    .map(|row| get(ctx, &row, 0))
+    .transpose()
 }
 
 pub(crate) async fn runs_owned_by(c: &Object, ctx: &Ctx, owner: &str) -> Result<Vec<RunRecord>> {
@@ -613,7 +757,7 @@ pub(crate) async fn claim_runnable(
     // longer matches, and is left out.
     let expires_at = expiry(now, ttl_ms);
     let lim = i32::try_from(limit).unwrap_or(i32::MAX);
-    let sql = format!("SELECT {RUN_COLS} FROM poimen_claim_runnable($1, $2, $3, $4) r");
+    let sql = format!("SELECT {RUN_COLS} FROM poimen_claim_runnable_v2($1, $2, $3, $4) r");
     let rows = query(c, ctx, &sql, &[&owner, &now, &expires_at, &lim]).await?;
     let mut claimed = rows
         .iter()
@@ -771,6 +915,10 @@ enum JudgmentDoc<'a> {
         result: String,
         at: i64,
     },
+    Expire {
+        id: &'a str,
+        at: i64,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -779,6 +927,7 @@ struct UpdateDoc<'a> {
     reason: Option<&'a str>,
     output_hash: Option<String>,
     updated_at: i64,
+    wake_at: Option<i64>,
 }
 
 fn commit_doc<'a>(ctx: &Ctx, c: &'a Commit) -> Result<CommitDoc<'a>> {
@@ -853,6 +1002,10 @@ fn commit_doc<'a>(ctx: &Ctx, c: &'a Commit) -> Result<CommitDoc<'a>> {
                         result: json_text(ctx, result)?,
                         at: *at,
                     },
+                    JudgmentWrite::Expire { id, at } => JudgmentDoc::Expire {
+                        id: id.as_str(),
+                        at: *at,
+                    },
                 })
             })
             .collect::<Result<_>>()?,
@@ -861,6 +1014,7 @@ fn commit_doc<'a>(ctx: &Ctx, c: &'a Commit) -> Result<CommitDoc<'a>> {
             reason: u.reason.as_deref(),
             output_hash: u.output_hash.map(|h| h.to_string()),
             updated_at: u.updated_at,
+            wake_at: u.wake_at,
         }),
     })
 }
@@ -959,7 +1113,7 @@ pub(crate) async fn commit(c: &Object, ctx: &Ctx, commit: &Commit) -> Result<()>
         .map(|b| BlobHash::of(b).to_string())
         .collect();
     let stmt = c
-        .prepare_cached("SELECT poimen_commit($1, $2, $3)")
+        .prepare_cached("SELECT poimen_commit_v2($1, $2, $3)")
         .await
         .map_err(at(ctx))?;
     match c
@@ -1050,8 +1204,9 @@ pub(crate) async fn intents(c: &Object, ctx: &Ctx, run: &RunId) -> Result<Vec<In
 }
 
 const JUDGMENT_SELECT: &str = "SELECT j.id, j.run, j.step, j.iteration, j.request::text,
-        j.request_hash, j.created_at, a.result::text, a.answered_at
-    FROM judgments j LEFT JOIN judgment_answers a ON a.judgment = j.id";
+        j.request_hash, j.created_at, a.result::text, a.answered_at, x.at
+    FROM judgments j LEFT JOIN judgment_answers a ON a.judgment = j.id
+    LEFT JOIN judgment_expiries x ON x.judgment = j.id";
 
 fn to_judgment(ctx: &Ctx, r: &Row) -> Result<JudgmentRecord> {
     let p = ctx.p();
@@ -1064,15 +1219,16 @@ fn to_judgment(ctx: &Ctx, r: &Row) -> Result<JudgmentRecord> {
         request: json_value(p, "a judgment request", get::<&str>(ctx, r, 4)?)?,
         request_hash: get(ctx, r, 5)?,
         created_at: get(ctx, r, 6)?,
-        status: if result.is_some() {
-            JudgmentStatus::Answered
-        } else {
-            JudgmentStatus::Open
+        status: match (result, get::<Option<i64>>(ctx, r, 9)?) {
+            (Some(_), _) => JudgmentStatus::Answered,
+            (None, Some(_)) => JudgmentStatus::Expired,
+            (None, None) => JudgmentStatus::Open,
         },
         result: result
             .map(|s| json_value(p, "a judgment result", s))
             .transpose()?,
         answered_at: get(ctx, r, 8)?,
+        expired_at: get(ctx, r, 9)?,
     })
 }
 
@@ -1093,7 +1249,8 @@ pub(crate) async fn open_judgments(c: &Object, ctx: &Ctx) -> Result<Vec<Judgment
     // nobody can answer it.
     let sql = format!(
         "{JUDGMENT_SELECT} JOIN runs r ON r.id = j.run
-         WHERE a.judgment IS NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
+         WHERE a.judgment IS NULL AND x.judgment IS NULL
+           AND r.status NOT IN ('completed', 'failed', 'cancelled')
          ORDER BY j.seq"
     );
     query(c, ctx, &sql, &[])
@@ -1101,4 +1258,26 @@ pub(crate) async fn open_judgments(c: &Object, ctx: &Ctx) -> Result<Vec<Judgment
         .iter()
         .map(|r| to_judgment(ctx, r))
         .collect()
+}
+
+// --------------------------------------------------------------- retention
+
+pub(crate) async fn gc(c: &Object, ctx: &Ctx, before: i64, dry_run: bool) -> Result<GcReport> {
+    let row = query_one(
+        c,
+        ctx,
+        "SELECT runs, events, intents, judgments, blobs, blob_bytes FROM poimen_gc($1, $2)",
+        &[&before, &dry_run],
+    )
+    .await?;
+    let n = |i: usize, what: &str| -> Result<u64> { to_u64(ctx, what, get(ctx, &row, i)?) };
+    Ok(GcReport {
+        dry_run,
+        runs: n(0, "gc runs")?,
+        events: n(1, "gc events")?,
+        intents: n(2, "gc intents")?,
+        judgments: n(3, "gc judgments")?,
+        blobs: n(4, "gc blobs")?,
+        blob_bytes: n(5, "gc blob bytes")?,
+    })
 }

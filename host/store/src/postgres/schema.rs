@@ -25,14 +25,26 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, in order. Append only: a released migration never changes.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "versions, blobs, runs with leases, events, intents, judgments; poimen_commit",
-    sql: include_str!("schema_v1.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "versions, blobs, runs with leases, events, intents, judgments; poimen_commit",
+        sql: include_str!("schema_v1.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "runs: timers (wake_at); armed versions; unload deadlines",
+        sql: include_str!("schema_v2.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "retention: gc_runs, gc_blobs, poimen_gc; deletes only of what gc names",
+        sql: include_str!("schema_v3.sql"),
+    },
+];
 
 /// The schema version of a PostgreSQL store this code writes and reads.
-pub const PG_SCHEMA_VERSION: u32 = 1;
+pub const PG_SCHEMA_VERSION: u32 = 3;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == PG_SCHEMA_VERSION);
 
@@ -49,6 +61,11 @@ const TABLES: &[&str] = &[
     "intents",
     "judgments",
     "judgment_answers",
+    "armed",
+    "unloads",
+    "judgment_expiries",
+    "gc_runs",
+    "gc_blobs",
 ];
 
 /// Refuses a database whose text is not UTF-8: the store keeps JSON and

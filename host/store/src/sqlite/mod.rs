@@ -42,8 +42,9 @@ use self::schema::FileKind;
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
-    Commit, CreateRun, Durability, IntentRecord, JudgmentRecord, Lease, NewRun, NewVersion,
-    PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    ArmedRecord, Commit, CreateRun, Durability, GcReport, IntentRecord, JudgmentRecord, Lease,
+    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord,
+    WorkflowSummary,
 };
 use crate::rules;
 use crate::store::{Store, StoreResult};
@@ -580,5 +581,63 @@ impl Store for SqliteStore {
 
     async fn in_flight_runs(&self) -> StoreResult<Vec<RunRecord>> {
         self.read(ops::in_flight_runs).await
+    }
+
+    async fn set_wake(&self, run: &RunId, at: Option<i64>) -> StoreResult<()> {
+        let run = run.clone();
+        self.write(Durability::Sync, move |tx, p| {
+            ops::set_wake(tx, p, &run, at)
+        })
+        .await?;
+        // A timer may now be due sooner than a serving host's poll.
+        self.inner.wake.ring();
+        Ok(())
+    }
+
+    async fn next_wake(&self) -> StoreResult<Option<i64>> {
+        self.read(ops::next_wake).await
+    }
+
+    async fn arm(
+        &self,
+        workflow: &WorkflowId,
+        version: Option<&WorkflowVersion>,
+        at: i64,
+    ) -> StoreResult<Option<ArmedRecord>> {
+        let (w, v) = (workflow.clone(), version.copied());
+        self.write(Durability::Sync, move |tx, p| {
+            ops::arm(tx, p, &w, v.as_ref(), at)
+        })
+        .await
+    }
+
+    async fn armed(&self, workflow: &WorkflowId) -> StoreResult<Option<ArmedRecord>> {
+        let w = workflow.clone();
+        self.read(move |c, p| ops::armed(c, p, &w)).await
+    }
+
+    async fn set_unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+        deadline: i64,
+        at: i64,
+    ) -> StoreResult<()> {
+        let v = *version;
+        self.write(Durability::Sync, move |tx, p| {
+            ops::set_unload_deadline(tx, p, &v, deadline, at)
+        })
+        .await
+    }
+
+    async fn unload_deadline(&self, version: &WorkflowVersion) -> StoreResult<Option<i64>> {
+        let v = *version;
+        self.read(move |c, p| ops::unload_deadline(c, p, &v)).await
+    }
+
+    async fn gc(&self, finished_before: i64, dry_run: bool) -> StoreResult<GcReport> {
+        self.write(Durability::Sync, move |tx, p| {
+            ops::gc(tx, p, finished_before, dry_run)
+        })
+        .await
     }
 }

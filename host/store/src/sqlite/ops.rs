@@ -18,9 +18,9 @@ use crate::codec::{bad_value, effect_name, json_value, parse, parse_effect, to_l
 use crate::error::StoreError;
 use crate::ids::{BlobHash, HASH_PREFIX, JudgmentId, RunId};
 use crate::records::{
-    Admission, Commit, CreateRun, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
-    JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
-    StoredEvent, VersionRecord, WorkflowSummary, expiry,
+    Admission, ArmedRecord, Commit, CreateRun, GcReport, IntentPhase, IntentRecord, JudgmentRecord,
+    JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord,
+    RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 
@@ -274,7 +274,7 @@ pub(crate) fn blob(c: &Connection, p: &Path, h: &BlobHash) -> Result<Option<Vec<
 const RUN_COLS: &str = "id, workflow_id, version, status, reason, input_hash, output_hash, \
                         idempotency_key, parent_run, parent_step, created_at, updated_at, owner, \
                         tenant, lease_epoch, lease_expires_at, admission_group, admission_max, \
-                        admitted";
+                        admitted, wake_at";
 
 struct RawRun {
     id: String,
@@ -296,6 +296,7 @@ struct RawRun {
     admission_group: Option<String>,
     admission_max: Option<i64>,
     admitted: bool,
+    wake_at: Option<i64>,
 }
 
 fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
@@ -319,6 +320,7 @@ fn raw_run(r: &Row<'_>) -> rusqlite::Result<RawRun> {
         admission_group: r.get(16)?,
         admission_max: r.get(17)?,
         admitted: r.get(18)?,
+        wake_at: r.get(19)?,
     })
 }
 
@@ -355,6 +357,7 @@ fn to_run(p: &Path, r: RawRun) -> Result<RunRecord> {
         lease,
         admission,
         admitted: r.admitted,
+        wake_at: r.wake_at,
     })
 }
 
@@ -480,6 +483,7 @@ pub(crate) fn create_run(c: &Connection, p: &Path, new: NewRun) -> Result<Create
         admitted: new.admission.is_some() && lease.is_some(),
         admission: new.admission.as_ref().map(|a| a.admission()),
         lease,
+        wake_at: None,
     }))
 }
 
@@ -559,7 +563,7 @@ fn start_tenure(
     let epoch: i64 = c
         .prepare_cached(
             "UPDATE runs SET owner = ?2, lease_epoch = lease_epoch + 1, lease_expires_at = ?3,
-                 claimed_at = ?4, admitted = (admission_group IS NOT NULL)
+                 claimed_at = ?4, admitted = (admission_group IS NOT NULL), wake_at = NULL
              WHERE id = ?1 RETURNING lease_epoch",
         )
         .and_then(|mut s| s.query_row(params![run.as_str(), owner, expires_at, now], |r| r.get(0)))
@@ -644,6 +648,12 @@ pub(crate) fn claim_runnable(
              WHERE w.k <= w.admission_max - (SELECT count(*) FROM runs a
                                              WHERE a.admission_group = w.admission_group
                                                AND a.admitted = 1)
+             UNION ALL
+             SELECT {RUN_COLS} FROM (
+                 SELECT {RUN_COLS} FROM runs INDEXED BY runs_wake
+                 WHERE wake_at <= ?1 AND status IN ('waiting_judgment', 'blocked')
+                   AND (owner IS NULL OR lease_expires_at <= ?1)
+                 ORDER BY wake_at LIMIT ?2)
          )
          ORDER BY created_at, id LIMIT ?2"
     );
@@ -653,11 +663,12 @@ pub(crate) fn claim_runnable(
     let expires_at = expiry(now, ttl_ms);
     candidates
         .into_iter()
-        .filter(|r| rules::is_runnable(r.status, r.lease.as_ref(), now))
+        .filter(|r| rules::is_runnable(r.status, r.lease.as_ref(), r.wake_at, now))
         .map(|mut r| {
             let lease = start_tenure(c, p, &r.id, owner, now, expires_at)?;
             r.lease = Some(lease.clone());
             r.admitted = r.admission.is_some();
+            r.wake_at = None;
             Ok((r, lease))
         })
         .collect()
@@ -783,15 +794,21 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
                     });
                 }
             }
-            JudgmentWrite::Answer { id, .. } => {
+            JudgmentWrite::Answer { id, .. } | JudgmentWrite::Expire { id, .. } => {
                 let stored = c
                     .prepare_cached(
-                        "SELECT j.run, a.judgment IS NOT NULL FROM judgments j
-                         LEFT JOIN judgment_answers a ON a.judgment = j.id WHERE j.id = ?1",
+                        "SELECT j.run, a.judgment IS NOT NULL, x.judgment IS NOT NULL
+                         FROM judgments j
+                         LEFT JOIN judgment_answers a ON a.judgment = j.id
+                         LEFT JOIN judgment_expiries x ON x.judgment = j.id WHERE j.id = ?1",
                     )
                     .and_then(|mut s| {
                         s.query_row([id.as_str()], |r| {
-                            Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
+                            Ok((
+                                r.get::<_, String>(0)?,
+                                r.get::<_, bool>(1)?,
+                                r.get::<_, bool>(2)?,
+                            ))
                         })
                         .optional()
                     })
@@ -800,13 +817,14 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
                     None if !opened.contains(id) => {
                         return Err(StoreError::not_found(format!("judgment request {id}")));
                     }
-                    Some((owner, _)) if owner != run.as_str() => {
+                    Some((owner, _, _)) if owner != run.as_str() => {
                         return Err(StoreError::JudgmentConflict {
                             id: id.clone(),
                             detail: format!("it belongs to run {owner}, not to run {run}"),
                         });
                     }
-                    Some((_, true)) => return Err(answered_twice(id)),
+                    Some((_, true, _)) => return Err(answered_twice(id)),
+                    Some((_, _, true)) => return Err(rules::expired(id)),
                     _ => {}
                 }
                 if !answered.insert(id) {
@@ -910,6 +928,10 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
                 .and_then(|mut s| s.execute(params![id.as_str(), result, at]))
                 .at(p)?
             }
+            JudgmentWrite::Expire { id, at } => c
+                .prepare_cached("INSERT INTO judgment_expiries (judgment, at) VALUES (?1, ?2)")
+                .and_then(|mut s| s.execute(params![id.as_str(), at]))
+                .at(p)?,
         };
     }
     if let Some(u) = &commit.run_update {
@@ -918,7 +940,8 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
             "UPDATE runs SET status = ?2, reason = ?3, output_hash = ?4, updated_at = ?5,
                 owner = CASE WHEN ?6 THEN NULL ELSE owner END,
                 lease_expires_at = CASE WHEN ?6 THEN NULL ELSE lease_expires_at END,
-                admitted = CASE WHEN ?6 THEN 0 ELSE admitted END
+                admitted = CASE WHEN ?6 THEN 0 ELSE admitted END,
+                wake_at = CASE WHEN ?6 THEN NULL ELSE ?7 END
              WHERE id = ?1",
         )
         .and_then(|mut s| {
@@ -928,12 +951,135 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
                 u.reason,
                 u.output_hash.map(|h| h.to_string()),
                 u.updated_at,
-                u.status.is_terminal()
+                u.status.is_terminal(),
+                u.wake_at
             ])
         })
         .at(p)?;
     }
     Ok(())
+}
+
+// ------------------------------------------------------------------ timers
+
+pub(crate) fn set_wake(c: &Connection, p: &Path, run: &RunId, at: Option<i64>) -> Result<()> {
+    let changed = c
+        .prepare_cached(
+            "UPDATE runs SET wake_at = ?2
+             WHERE id = ?1 AND status NOT IN ('completed', 'failed', 'cancelled')",
+        )
+        .and_then(|mut s| s.execute(params![run.as_str(), at]))
+        .at(p)?;
+    if changed == 0 && self::run(c, p, run)?.is_none() {
+        return Err(StoreError::NotFound {
+            what: format!("run {run}"),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn next_wake(c: &Connection, p: &Path) -> Result<Option<i64>> {
+    c.prepare_cached(
+        "SELECT min(wake_at) FROM runs INDEXED BY runs_wake
+         WHERE wake_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')",
+    )
+    .and_then(|mut s| s.query_row([], |r| r.get(0)))
+    .at(p)
+}
+
+// ------------------------------------------------------ arming, unloading
+
+pub(crate) fn arm(
+    c: &Connection,
+    p: &Path,
+    workflow: &WorkflowId,
+    version: Option<&WorkflowVersion>,
+    at: i64,
+) -> Result<Option<ArmedRecord>> {
+    if let Some(v) = version {
+        match self::version(c, p, v)? {
+            None => {
+                return Err(StoreError::NotFound {
+                    what: format!("version {v}"),
+                });
+            }
+            Some(rec) if rec.workflow_id != *workflow => {
+                return Err(StoreError::ArmOtherWorkflow {
+                    version: *v,
+                    its_workflow: rec.workflow_id,
+                    workflow: workflow.clone(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    let before = armed(c, p, workflow)?;
+    c.prepare_cached(
+        "INSERT INTO armed (workflow_id, version, at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (workflow_id) DO UPDATE SET version = excluded.version, at = excluded.at",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            workflow.as_str(),
+            version.map(ToString::to_string),
+            at
+        ])
+    })
+    .at(p)?;
+    Ok(before)
+}
+
+pub(crate) fn armed(
+    c: &Connection,
+    p: &Path,
+    workflow: &WorkflowId,
+) -> Result<Option<ArmedRecord>> {
+    let row: Option<(Option<String>, i64)> = c
+        .prepare_cached("SELECT version, at FROM armed WHERE workflow_id = ?1")
+        .and_then(|mut s| {
+            s.query_row([workflow.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .at(p)?;
+    row.map(|(version, at)| {
+        Ok(ArmedRecord {
+            workflow_id: workflow.clone(),
+            version: version.map(|v| parse(p, "armed version", &v)).transpose()?,
+            at,
+        })
+    })
+    .transpose()
+}
+
+pub(crate) fn set_unload_deadline(
+    c: &Connection,
+    p: &Path,
+    version: &WorkflowVersion,
+    deadline: i64,
+    at: i64,
+) -> Result<()> {
+    if self::version(c, p, version)?.is_none() {
+        return Err(StoreError::NotFound {
+            what: format!("version {version}"),
+        });
+    }
+    c.prepare_cached(
+        "INSERT INTO unloads (version, deadline, at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (version) DO UPDATE SET deadline = excluded.deadline, at = excluded.at",
+    )
+    .and_then(|mut s| s.execute(params![version.to_string(), deadline, at]))
+    .at(p)?;
+    Ok(())
+}
+
+pub(crate) fn unload_deadline(
+    c: &Connection,
+    p: &Path,
+    version: &WorkflowVersion,
+) -> Result<Option<i64>> {
+    c.prepare_cached("SELECT deadline FROM unloads WHERE version = ?1")
+        .and_then(|mut s| s.query_row([version.to_string()], |r| r.get(0)).optional())
+        .at(p)
 }
 
 fn answered_twice(id: &JudgmentId) -> StoreError {
@@ -1050,8 +1196,9 @@ pub(crate) fn intents(c: &Connection, p: &Path, run: &RunId) -> Result<Vec<Inten
 }
 
 const JUDGMENT_SELECT: &str = "SELECT j.id, j.run, j.step, j.iteration, j.request, j.request_hash,
-        j.created_at, a.result, a.answered_at
-    FROM judgments j LEFT JOIN judgment_answers a ON a.judgment = j.id";
+        j.created_at, a.result, a.answered_at, x.at
+    FROM judgments j LEFT JOIN judgment_answers a ON a.judgment = j.id
+    LEFT JOIN judgment_expiries x ON x.judgment = j.id";
 
 type RawJudgment = (
     String,
@@ -1062,6 +1209,7 @@ type RawJudgment = (
     String,
     i64,
     Option<String>,
+    Option<i64>,
     Option<i64>,
 );
 
@@ -1076,11 +1224,23 @@ fn raw_judgment(r: &Row<'_>) -> rusqlite::Result<RawJudgment> {
         r.get(6)?,
         r.get(7)?,
         r.get(8)?,
+        r.get(9)?,
     ))
 }
 
 fn to_judgment(p: &Path, raw: RawJudgment) -> Result<JudgmentRecord> {
-    let (id, run, step, iteration, request, request_hash, created_at, result, answered_at) = raw;
+    let (
+        id,
+        run,
+        step,
+        iteration,
+        request,
+        request_hash,
+        created_at,
+        result,
+        answered_at,
+        expired_at,
+    ) = raw;
     Ok(JudgmentRecord {
         id: parse(p, "judgment id", &id)?,
         run: parse(p, "run id", &run)?,
@@ -1088,16 +1248,17 @@ fn to_judgment(p: &Path, raw: RawJudgment) -> Result<JudgmentRecord> {
         iteration: to_u32(p, "judgment iteration", iteration)?,
         request: json_value(p, "a judgment request", &request)?,
         request_hash,
-        status: if result.is_some() {
-            JudgmentStatus::Answered
-        } else {
-            JudgmentStatus::Open
+        status: match (&result, expired_at) {
+            (Some(_), _) => JudgmentStatus::Answered,
+            (None, Some(_)) => JudgmentStatus::Expired,
+            (None, None) => JudgmentStatus::Open,
         },
         result: result
             .map(|s| json_value(p, "a judgment result", &s))
             .transpose()?,
         created_at,
         answered_at,
+        expired_at,
     })
 }
 
@@ -1119,8 +1280,154 @@ pub(crate) fn open_judgments(c: &Connection, p: &Path) -> Result<Vec<JudgmentRec
     // nobody can answer it.
     let sql = format!(
         "{JUDGMENT_SELECT} JOIN runs r ON r.id = j.run
-         WHERE a.judgment IS NULL AND r.status NOT IN ('completed', 'failed', 'cancelled')
+         WHERE a.judgment IS NULL AND x.judgment IS NULL
+           AND r.status NOT IN ('completed', 'failed', 'cancelled')
          ORDER BY j.seq"
     );
     collect(c, p, &sql, [], raw_judgment, |r| to_judgment(p, r))
+}
+
+// --------------------------------------------------------------- retention
+
+/// The runs gc may delete, into `gc_runs`: every run of each tree whose
+/// root is a top-level run that ended before `before`, if every run of
+/// the tree has ended.
+const GC_PICK_RUNS: &str = "
+    WITH RECURSIVE tree(root, id) AS (
+        SELECT id, id FROM runs
+        WHERE parent_run IS NULL AND updated_at < ?1
+          AND status IN ('completed', 'failed', 'cancelled')
+        UNION ALL
+        SELECT tree.root, runs.id FROM runs JOIN tree ON runs.parent_run = tree.id
+    )
+    INSERT INTO gc_runs (run)
+    SELECT id FROM tree
+    WHERE root NOT IN (
+        SELECT tree.root FROM tree JOIN runs ON runs.id = tree.id
+        WHERE runs.status NOT IN ('completed', 'failed', 'cancelled'))";
+
+fn count(c: &Connection, p: &Path, sql: &str) -> Result<u64> {
+    let n: i64 = c
+        .prepare_cached(sql)
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .at(p)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Every blob hash the rows selected by `sql` (one text column each) name.
+fn hashes_named(c: &Connection, p: &Path, sql: &str, into: &mut HashSet<String>) -> Result<()> {
+    let mut stmt = c.prepare_cached(sql).at(p)?;
+    let mut rows = stmt.query([]).at(p)?;
+    while let Some(row) = rows.next().at(p)? {
+        let text: Option<String> = row.get(0).at(p)?;
+        if let Some(text) = text {
+            into.extend(crate::ids::hashes_in(&text).map(str::to_owned));
+        }
+    }
+    Ok(())
+}
+
+/// Texts that may name blobs, of the runs in `gc_runs` (`IN`) or of every
+/// other run (`NOT IN`).
+fn blob_references(c: &Connection, p: &Path, which: &str) -> Result<HashSet<String>> {
+    let mut found = HashSet::new();
+    let runs = "(SELECT run FROM gc_runs)";
+    for sql in [
+        format!("SELECT input_hash FROM runs WHERE id {which} {runs}"),
+        format!("SELECT output_hash FROM runs WHERE id {which} {runs}"),
+        format!(
+            "SELECT output_hash FROM intents WHERE run {which} {runs} AND output_hash IS NOT NULL"
+        ),
+        format!("SELECT record FROM intents WHERE run {which} {runs} AND instr(record, 'b3:') > 0"),
+        format!("SELECT body FROM events WHERE run {which} {runs} AND instr(body, 'b3:') > 0"),
+        format!("SELECT request FROM judgments WHERE run {which} {runs}"),
+        format!(
+            "SELECT result FROM judgment_answers WHERE judgment IN
+             (SELECT id FROM judgments WHERE run {which} {runs})"
+        ),
+    ] {
+        hashes_named(c, p, &sql, &mut found)?;
+    }
+    Ok(found)
+}
+
+pub(crate) fn gc(c: &Connection, p: &Path, before: i64, dry_run: bool) -> Result<GcReport> {
+    c.execute("DELETE FROM gc_runs", []).at(p)?;
+    c.execute("DELETE FROM gc_blobs", []).at(p)?;
+    c.prepare_cached(GC_PICK_RUNS)
+        .and_then(|mut s| s.execute([before]))
+        .at(p)?;
+    let doomed = "(SELECT run FROM gc_runs)";
+    let mut report = GcReport {
+        dry_run,
+        runs: count(c, p, "SELECT count(*) FROM gc_runs")?,
+        events: count(
+            c,
+            p,
+            &format!("SELECT count(*) FROM events WHERE run IN {doomed}"),
+        )?,
+        intents: count(
+            c,
+            p,
+            &format!("SELECT count(*) FROM intents WHERE run IN {doomed}"),
+        )?,
+        judgments: count(
+            c,
+            p,
+            &format!("SELECT count(*) FROM judgments WHERE run IN {doomed}"),
+        )?,
+        ..GcReport::default()
+    };
+    if report.runs > 0 {
+        let named = blob_references(c, p, "IN")?;
+        let kept = blob_references(c, p, "NOT IN")?;
+        let mut insert = c
+            .prepare_cached(
+                "INSERT OR IGNORE INTO gc_blobs (hash) SELECT hash FROM blobs WHERE hash = ?1",
+            )
+            .at(p)?;
+        for hash in named.difference(&kept) {
+            insert.execute([hash]).at(p)?;
+        }
+        report.blobs = count(c, p, "SELECT count(*) FROM gc_blobs")?;
+        report.blob_bytes = count(
+            c,
+            p,
+            "SELECT coalesce(sum(size), 0) FROM blobs WHERE hash IN (SELECT hash FROM gc_blobs)",
+        )?;
+    }
+    if !dry_run && report.runs > 0 {
+        for sql in [
+            "DELETE FROM judgment_answers WHERE judgment IN
+             (SELECT id FROM judgments WHERE run IN (SELECT run FROM gc_runs))",
+            "DELETE FROM judgment_expiries WHERE judgment IN
+             (SELECT id FROM judgments WHERE run IN (SELECT run FROM gc_runs))",
+            "DELETE FROM judgments WHERE run IN (SELECT run FROM gc_runs)",
+            "DELETE FROM intents WHERE run IN (SELECT run FROM gc_runs)",
+            "DELETE FROM events WHERE run IN (SELECT run FROM gc_runs)",
+        ] {
+            c.execute(sql, []).at(p)?;
+        }
+        // Children before parents: a run's parent_run refers to its parent.
+        loop {
+            let deleted = c
+                .execute(
+                    "DELETE FROM runs WHERE id IN (SELECT run FROM gc_runs)
+                     AND id NOT IN (SELECT parent_run FROM runs WHERE parent_run IS NOT NULL)",
+                    [],
+                )
+                .at(p)?;
+            if deleted == 0 {
+                break;
+            }
+        }
+        c.execute(
+            "DELETE FROM blobs WHERE hash IN (SELECT hash FROM gc_blobs)",
+            [],
+        )
+        .at(p)?;
+    }
+    c.execute("DELETE FROM gc_runs", []).at(p)?;
+    c.execute("DELETE FROM gc_blobs", []).at(p)?;
+    Ok(report)
 }

@@ -54,10 +54,20 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "runs: admission groups (admission_group, admission_max, admitted)",
         sql: include_str!("schema_v5.sql"),
     },
+    Migration {
+        version: 6,
+        name: "runs: timers (wake_at); armed versions; unload deadlines",
+        sql: include_str!("schema_v6.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "retention: gc_runs, gc_blobs; deletes only of what gc names",
+        sql: include_str!("schema_v7.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 7;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 

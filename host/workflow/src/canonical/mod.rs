@@ -193,6 +193,7 @@ fn write_def(out: &mut Vec<u8>, def: &WorkflowDef, names: &Names<'_>) {
         concurrency,
         key,
         durable,
+        unload,
         state,
         limits,
         tool,
@@ -208,8 +209,10 @@ fn write_def(out: &mut Vec<u8>, def: &WorkflowDef, names: &Names<'_>) {
     if let Some(d) = description {
         o.str("description", d);
     }
-    if !durable {
-        o.bool("durable", false);
+    // Absent and `true` differ in meaning: absent takes the host's
+    // default, `true` overrides an ephemeral one.
+    if let Some(d) = durable {
+        o.bool("durable", *d);
     }
     o.str("id", id.as_str());
     if let Some(v) = opt_value(inputs) {
@@ -272,6 +275,24 @@ fn write_def(out: &mut Vec<u8>, def: &WorkflowDef, names: &Names<'_>) {
             )
         });
     }
+    o.object_unless_empty("unload", |out| write_unload(out, unload));
+    o.finish();
+}
+
+fn write_unload(out: &mut Vec<u8>, u: &Unload) {
+    let Unload { policy, timeout } = u;
+    let mut o = Obj::begin(out);
+    let name = match policy {
+        UnloadPolicy::Drain => None,
+        UnloadPolicy::Cancel => Some("cancel"),
+        UnloadPolicy::Detach => Some("detach"),
+    };
+    if let Some(n) = name {
+        o.str("policy", n);
+    }
+    if let Some(Millis(t)) = timeout {
+        o.u64("timeout", *t);
+    }
     o.finish();
 }
 
@@ -312,6 +333,31 @@ fn write_steps(out: &mut Vec<u8>, steps: &[StepDef], names: &Names<'_>) {
         false,
         |out, s| write_step(out, s, names),
     );
+}
+
+fn write_fallback(out: &mut Vec<u8>, f: &JudgmentFallback) {
+    match f {
+        JudgmentFallback::Fail => write_str(out, "fail"),
+        JudgmentFallback::Answer(v) => {
+            let mut o = Obj::begin(out);
+            o.value("answer", v);
+            o.finish();
+        }
+        JudgmentFallback::Escalate { executor, profile } => {
+            let mut o = Obj::begin(out);
+            o.field("escalate", |out| {
+                let mut e = Obj::begin(out);
+                if let Some(x) = executor {
+                    e.str("executor", x);
+                }
+                if let Some(p) = profile {
+                    e.str("profile", p);
+                }
+                e.finish();
+            });
+            o.finish();
+        }
+    }
 }
 
 fn priority_name(p: Priority) -> &'static str {
@@ -545,6 +591,7 @@ fn write_kind(out: &mut Vec<u8>, kind: &StepKind, names: &Names<'_>) {
                 executor,
                 profile,
                 constraints,
+                on_timeout,
             } = j;
             let mut o = Obj::begin(out);
             if !constraints.is_empty() {
@@ -554,6 +601,9 @@ fn write_kind(out: &mut Vec<u8>, kind: &StepKind, names: &Names<'_>) {
             }
             if let Some(e) = executor {
                 o.str("executor", e);
+            }
+            if let Some(f) = on_timeout {
+                o.field("on_timeout", |out| write_fallback(out, f));
             }
             if let Some(p) = profile {
                 o.str("profile", p);

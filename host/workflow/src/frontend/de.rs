@@ -180,6 +180,24 @@ impl<'de> de::Deserializer<'de> for Node<'de> {
     ) -> Result<V::Value, DeError> {
         match self {
             Node::Str(s) => v.visit_enum(s.into_owned().into_deserializer()),
+            // `{variant: value}`: a variant with data, one key.
+            Node::Map(mut entries) if entries.len() == 1 => {
+                let (variant, value) = entries.remove(0);
+                let key = variant.to_string();
+                v.visit_enum(EnumDe { variant, value }).map_err(|mut e| {
+                    if !e.at_key {
+                        e.rev_path.push(PathSeg::Key(key));
+                    }
+                    e
+                })
+            }
+            Node::Map(entries) => Err(DeError::new(ParseErrorKind::InvalidValue {
+                message: format!(
+                    "a mapping of {} keys is not {}: write one key, the variant, with its value",
+                    entries.len(),
+                    &v as &dyn de::Expected
+                ),
+            })),
             other => Err(de::Error::invalid_type(other.unexpected(), &v)),
         }
     }
@@ -191,6 +209,56 @@ impl<'de> de::Deserializer<'de> for Node<'de> {
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
         bytes byte_buf unit unit_struct seq tuple tuple_struct map struct identifier
+    }
+}
+
+/// An enum written `{variant: value}`.
+struct EnumDe<'de> {
+    variant: Cow<'de, str>,
+    value: Node<'de>,
+}
+
+impl<'de> de::EnumAccess<'de> for EnumDe<'de> {
+    type Error = DeError;
+    type Variant = Node<'de>;
+
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, Node<'de>), DeError> {
+        let variant = seed.deserialize(KeyDe(&self.variant)).map_err(|mut e| {
+            e.at_key = true;
+            e.rev_path.push(PathSeg::Key(self.variant.to_string()));
+            e
+        })?;
+        Ok((variant, self.value))
+    }
+}
+
+impl<'de> de::VariantAccess<'de> for Node<'de> {
+    type Error = DeError;
+
+    fn unit_variant(self) -> Result<(), DeError> {
+        match self {
+            Node::Null => Ok(()),
+            other => Err(de::Error::invalid_type(other.unexpected(), &"no value")),
+        }
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, DeError> {
+        seed.deserialize(self)
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(self, _len: usize, v: V) -> Result<V::Value, DeError> {
+        de::Deserializer::deserialize_seq(self, v)
+    }
+
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        _fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, DeError> {
+        de::Deserializer::deserialize_map(self, v)
     }
 }
 

@@ -49,9 +49,16 @@ pub struct WorkflowDoc {
     /// Template of the logical thing a run is about; reads `inputs` only.
     #[serde(default)]
     pub key: Option<Template>,
-    /// `false` keeps runs in memory only (no checkpoints). Default `true`.
-    #[serde(default = "default_true")]
-    pub durable: bool,
+    /// `false` keeps runs in memory only (no checkpoints, gone after a
+    /// restart); `true` makes them durable whatever the host's default;
+    /// absent, the host's default (`durability.work` in its policy) holds.
+    #[serde(default)]
+    pub durable: Option<bool>,
+    /// What happens to live runs of this version when another version is
+    /// armed or the workflow is disarmed: `{policy: drain|cancel|detach,
+    /// timeout}`.
+    #[serde(default)]
+    pub unload: Unload,
     /// Declared run variables: `{key: {schema, reducer}}`.
     #[serde(default)]
     pub state: BTreeMap<StateKey, StateDecl>,
@@ -221,6 +228,7 @@ impl WorkflowDoc {
             concurrency,
             key,
             durable,
+            unload,
             state,
             limits,
             tool,
@@ -248,6 +256,7 @@ impl WorkflowDoc {
             concurrency,
             key,
             durable,
+            unload,
             state,
             limits,
             tool,

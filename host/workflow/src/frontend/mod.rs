@@ -362,13 +362,13 @@ fn read_tree(text: &str, format: Format) -> Result<Node<'_>, TreeError> {
             };
             let node = seed()
                 .deserialize(first)
-                .map_err(|e| yaml_error(&build, &e))?;
+                .map_err(|e| yaml_error(&build, &e, text))?;
             if let Some(second) = docs.next() {
                 // A second document, or a syntax error after the first.
                 let probe = serde::de::IgnoredAny::deserialize(second);
                 return Err(match probe {
                     Err(e) if !e.to_string().contains("EOF while parsing") => {
-                        yaml_error(&build, &e)
+                        yaml_error(&build, &e, text)
                     }
                     _ => (ParseErrorKind::MultipleDocuments, None),
                 });
@@ -378,8 +378,22 @@ fn read_tree(text: &str, format: Format) -> Result<Node<'_>, TreeError> {
     }
 }
 
-fn yaml_error(build: &Build, e: &serde_norway::Error) -> TreeError {
-    let pos = e.location().map(|l| (l.line(), l.column()));
+fn yaml_error(build: &Build, e: &serde_norway::Error, text: &str) -> TreeError {
+    // The YAML parser places an error at the end of a document without a
+    // final line break on the line after its last: that is the document's
+    // end. (YAML breaks lines at `\n`, `\r\n` and a lone `\r`.)
+    let breaks = text
+        .bytes()
+        .enumerate()
+        .filter(|&(i, b)| b == b'\n' || (b == b'\r' && text.as_bytes().get(i + 1) != Some(&b'\n')))
+        .count();
+    let pos = e.location().map(|l| match (l.line(), l.column()) {
+        (line, _) if line > breaks + 1 => {
+            let last = text.rsplit(['\n', '\r']).next().unwrap_or("");
+            (breaks + 1, last.chars().count() + 1)
+        }
+        at => at,
+    });
     let kind = build.error.borrow_mut().take().unwrap_or_else(|| {
         let msg = e.to_string();
         if msg.contains("repetition limit exceeded") {

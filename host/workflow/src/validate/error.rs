@@ -329,6 +329,22 @@ pub enum ValidationError {
         limit: usize,
     },
     #[error(
+        "predicate in {site} nests {depth} levels deep, over the limit of {limit}: split it, or test membership with `in` or a macro such as `exists`"
+    )]
+    PredicateTooDeep {
+        site: Site,
+        depth: usize,
+        limit: usize,
+    },
+    #[error(
+        "predicate in {site} nests {nesting} macros (`all`, `exists`, `map`, …) in one another, over the limit of {limit}: each runs its body once per element, so nested ones multiply"
+    )]
+    PredicateLoopsTooDeep {
+        site: Site,
+        nesting: usize,
+        limit: usize,
+    },
+    #[error(
         "predicate in {site} calls `{function}`, which is not available: predicates read only recorded state (`inputs`, `state`, `steps`) through CEL's standard functions — no clock, environment or randomness"
     )]
     PredicateNotPure { site: Site, function: String },
@@ -381,9 +397,26 @@ pub enum ValidationError {
         limit_ms: u64,
     },
     #[error(
+        "step `{step}` has a timeout of {timeout_ms} ms, but the sandbox policy lets `{tool}` run at most {max_ms} ms a call: lower the step's timeout to {max_ms} ms or less, or raise `timeout-ms` for this component in the policy file"
+    )]
+    TimeoutAbovePolicy {
+        step: StepId,
+        tool: String,
+        timeout_ms: u64,
+        max_ms: u64,
+    },
+    #[error(
         "`{field}` is {value}, beyond 2^53 − 1, which the canonical form cannot represent exactly: lower it"
     )]
     IntegerTooLarge { field: String, value: u64 },
+    #[error(
+        "`unload.timeout` is given with `unload.policy: {policy}`: a timeout bounds how long runs drain; use `policy: drain`, or drop the timeout"
+    )]
+    UnloadTimeoutWithoutDrain { policy: String },
+    #[error(
+        "`unload.timeout` is 0 ms: give how long live runs may drain (at least 1 ms), or `policy: cancel` to cancel them at once"
+    )]
+    ZeroUnloadTimeout,
 
     // ── schemas ──────────────────────────────────────────────────────────
     #[error("the JSON Schema in {site} is not a valid schema: {message}")]
@@ -437,6 +470,11 @@ pub enum ValidationError {
     ArgsViolateSchema {
         step: StepId,
         tool: String,
+        violations: Vec<SchemaViolation>,
+    },
+    #[error("the `on_timeout` answer of judgment step `{step}` does not match its `result_schema`: {}; a fallback answer is taken as if a judge gave it, so it must be one", fmt_violations(.violations))]
+    FallbackAnswerViolatesSchema {
+        step: StepId,
         violations: Vec<SchemaViolation>,
     },
     #[error("configuration in {site} does not match the configuration schema of verifier `{verifier}`: {}", fmt_violations(.violations))]

@@ -22,6 +22,20 @@ pub const MAX_SUBWORKFLOW_DEPTH: usize = 8;
 pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
 /// Largest predicate, in bytes.
 pub const MAX_PREDICATE_BYTES: usize = 4 * 1024;
+/// Deepest predicate, in levels of its expression tree (a name or a literal
+/// is one level; each operator, call, member access or macro around it adds
+/// one). CEL is evaluated recursively, and within the byte limit a predicate
+/// can nest two thousand levels (`1 + 1 + … + 1`): enough to overflow a
+/// worker thread's stack, which aborts the host, when a run evaluates it.
+/// An unoptimized build of the evaluator takes about 38 KiB of stack per
+/// level, so 32 levels fit a tokio worker's 2 MiB in any build.
+pub const MAX_PREDICATE_DEPTH: usize = 32;
+/// Most macros (`all`, `exists`, `exists_one`, `map`, `filter`) a predicate
+/// nests in one another's bodies. Each runs its body once per element, so
+/// nested ones multiply: within the byte limit, four nested over
+/// hundred-element lists are 10^8 steps, and CEL has no evaluation budget —
+/// the run would hang on its predicate.
+pub const MAX_PREDICATE_LOOP_NESTING: usize = 2;
 
 /// Step ids and state keys: usable as template attributes (`steps.fetch`).
 pub const STEP_ID_PATTERN: &str = "^[a-z][a-z0-9_]{0,63}$";
@@ -42,6 +56,8 @@ pub struct ValidatorLimits {
     pub max_subworkflow_depth: usize,
     pub max_template_bytes: usize,
     pub max_predicate_bytes: usize,
+    pub max_predicate_depth: usize,
+    pub max_predicate_loop_nesting: usize,
 }
 
 impl Default for ValidatorLimits {
@@ -55,6 +71,8 @@ impl Default for ValidatorLimits {
             max_subworkflow_depth: MAX_SUBWORKFLOW_DEPTH,
             max_template_bytes: MAX_TEMPLATE_BYTES,
             max_predicate_bytes: MAX_PREDICATE_BYTES,
+            max_predicate_depth: MAX_PREDICATE_DEPTH,
+            max_predicate_loop_nesting: MAX_PREDICATE_LOOP_NESTING,
         }
     }
 }

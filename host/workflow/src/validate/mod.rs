@@ -501,6 +501,7 @@ fn check(
     let read_errors = reads::check(def, &c.shape, limits, reader);
     c.errors.extend(read_errors);
     c.state_writes();
+    c.unload();
     c.concurrency();
     c.step_limits();
     c.integers();
@@ -642,6 +643,24 @@ impl<'a> Checker<'a, '_> {
         }
     }
 
+    fn unload(&mut self) {
+        let u = &self.def.unload;
+        if let Some(t) = u.timeout {
+            if u.policy != UnloadPolicy::Drain {
+                let policy = match u.policy {
+                    UnloadPolicy::Cancel => "cancel",
+                    _ => "detach",
+                };
+                self.errors
+                    .push(ValidationError::UnloadTimeoutWithoutDrain {
+                        policy: policy.to_owned(),
+                    });
+            } else if t.0 == 0 {
+                self.errors.push(ValidationError::ZeroUnloadTimeout);
+            }
+        }
+    }
+
     fn concurrency(&mut self) {
         let c = &self.def.concurrency;
         if c.scope == ConcurrencyScope::Key && self.def.key.is_none() {
@@ -742,6 +761,31 @@ impl<'a> Checker<'a, '_> {
                     .push(ValidationError::InvalidSchema { site, message });
             }
         }
+        // A fallback answer is taken as a judge's: it must be one.
+        for s in &d.steps {
+            if let StepKind::Judgment(j) = &s.kind
+                && let Some(JudgmentFallback::Answer(answer)) = &j.on_timeout
+                && let Ok(validator) = resolver.schema(&j.result_schema)
+            {
+                // The answer is taken as it is, never rendered: every
+                // violation counts.
+                let violations: Vec<SchemaViolation> = validator
+                    .iter_errors(answer)
+                    .map(|e| SchemaViolation {
+                        at: e.instance_path().as_str().to_owned(),
+                        rule: e.kind().keyword().to_owned(),
+                        message: e.to_string(),
+                    })
+                    .collect();
+                if !violations.is_empty() {
+                    self.errors
+                        .push(ValidationError::FallbackAnswerViolatesSchema {
+                            step: s.id.clone(),
+                            violations,
+                        });
+                }
+            }
+        }
     }
 
     /// The workflow's rubric, then each step's: the same checks, the step
@@ -811,6 +855,18 @@ impl<'a> Checker<'a, '_> {
                 match resolver.tool(r) {
                     Err(u) => self.errors.push(unresolved_tool(&s.id, r, u)),
                     Ok(info) => {
+                        if k == 0
+                            && matches!(s.kind, StepKind::Tool(_))
+                            && let (Some(t), Some(max)) = (s.timeout, info.max_timeout_ms)
+                            && t.0 > max
+                        {
+                            self.errors.push(ValidationError::TimeoutAbovePolicy {
+                                step: s.id.clone(),
+                                tool: r.to_string(),
+                                timeout_ms: t.0,
+                                max_ms: max,
+                            });
+                        }
                         if k == 0
                             && let StepKind::Tool(t) = &s.kind
                         {

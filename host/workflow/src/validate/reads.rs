@@ -297,11 +297,25 @@ impl<'a> Reads<'a, '_> {
             });
             return;
         }
-        match reader.predicate(src) {
+        match reader.predicate(src, self.limits.max_predicate_depth) {
             Err(message) => self.errors.push(ValidationError::PredicateSyntax {
                 site: site.site(),
                 message,
             }),
+            Ok(reads) if reads.depth > self.limits.max_predicate_depth => {
+                self.errors.push(ValidationError::PredicateTooDeep {
+                    site: site.site(),
+                    depth: reads.depth,
+                    limit: self.limits.max_predicate_depth,
+                })
+            }
+            Ok(reads) if reads.loops > self.limits.max_predicate_loop_nesting => {
+                self.errors.push(ValidationError::PredicateLoopsTooDeep {
+                    site: site.site(),
+                    nesting: reads.loops,
+                    limit: self.limits.max_predicate_loop_nesting,
+                })
+            }
             Ok(reads) => {
                 for f in &reads.functions {
                     if !PURE_CEL_FUNCTIONS.contains(&f.as_str()) {

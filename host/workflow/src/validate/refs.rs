@@ -97,6 +97,13 @@ pub(crate) struct Reads {
     pub paths: Vec<Vec<String>>,
     /// Functions called (predicates only), sorted and deduplicated.
     pub functions: Vec<String>,
+    /// Levels of the expression tree (predicates only; 0 for templates).
+    /// A predicate deeper than the reader's bound reads nothing: it is not
+    /// walked, only refused.
+    pub depth: usize,
+    /// Most macros (comprehensions) nested in one another's bodies
+    /// (predicates only).
+    pub loops: usize,
 }
 
 /// Compiles templates and predicates, each distinct text once.
@@ -124,6 +131,8 @@ impl Reader {
             Some(paths) => Ok(Reads {
                 paths,
                 functions: Vec::new(),
+                depth: 0,
+                loops: 0,
             }),
             None => self.template_slow(src),
         };
@@ -143,6 +152,8 @@ impl Reader {
         Ok(Reads {
             paths,
             functions: Vec::new(),
+            depth: 0,
+            loops: 0,
         })
     }
 
@@ -165,28 +176,53 @@ impl Reader {
         Ok(())
     }
 
-    /// What a predicate reads and calls, or its compile error.
-    pub(crate) fn predicate(&mut self, src: &str) -> Result<Reads, String> {
+    /// What a predicate reads and calls, or its compile error. A predicate
+    /// deeper than `max_depth` is measured, not walked (the walk recurses);
+    /// one whose text chains more than [`CHAINS_PER_LEVEL`] × `max_depth`
+    /// operators is not even compiled (the CEL parser recurses once per
+    /// chained operator), and its depth is given as that count.
+    pub(crate) fn predicate(&mut self, src: &str, max_depth: usize) -> Result<Reads, String> {
         if let Some(r) = self.predicates.get(src) {
             return r.clone();
+        }
+        let chained = chained_operators(src);
+        if chained > max_depth.saturating_mul(CHAINS_PER_LEVEL) {
+            return Ok(Reads {
+                paths: Vec::new(),
+                functions: Vec::new(),
+                depth: chained,
+                loops: 0,
+            });
         }
         let r = match cel::Program::compile(src) {
             Err(e) => Err(e.to_string()),
             Ok(p) => {
-                let mut w = Walk {
-                    bound: Vec::new(),
-                    paths: Vec::new(),
-                    functions: Vec::new(),
-                };
-                w.expr(p.expression());
-                w.paths.sort();
-                w.paths.dedup();
-                w.functions.sort();
-                w.functions.dedup();
-                Ok(Reads {
-                    paths: w.paths,
-                    functions: w.functions,
-                })
+                let (depth, loops) = depth(p.expression());
+                if depth > max_depth {
+                    Ok(Reads {
+                        paths: Vec::new(),
+                        functions: Vec::new(),
+                        depth,
+                        loops,
+                    })
+                } else {
+                    let mut w = Walk {
+                        bound: Vec::new(),
+                        paths: Vec::new(),
+                        functions: Vec::new(),
+                    };
+                    w.expr(p.expression());
+                    w.paths.sort();
+                    w.paths.dedup();
+                    w.functions.sort();
+                    w.functions.dedup();
+                    Ok(Reads {
+                        paths: w.paths,
+                        functions: w.functions,
+                        depth,
+                        loops,
+                    })
+                }
             }
         };
         self.predicates.insert(src.to_owned(), r.clone());
@@ -248,6 +284,127 @@ pub(crate) fn scan_simple(src: &str) -> Option<Vec<Vec<String>>> {
     paths.sort();
     paths.dedup();
     Some(paths)
+}
+
+/// How many chained operators a predicate may have per level of its depth
+/// limit before it is refused without being compiled: a long predicate of
+/// shallow clauses (`a.x == 1 && a.y == 2 && …`) spends several per level.
+pub(crate) const CHAINS_PER_LEVEL: usize = 8;
+
+/// An upper bound on the operators a predicate chains, from its text alone:
+/// every operator character, opening bracket, `.` before a name and `in`
+/// outside string and bytes literals. The CEL parser builds (and recurses
+/// over) one level per chained binary operator, member access, index or
+/// call, so this bounds its recursion before it runs.
+fn chained_operators(src: &str) -> usize {
+    let b = src.as_bytes();
+    let mut n = 0;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            q @ (b'\'' | b'"') => {
+                // A literal: skip to its closing quote (three for a
+                // triple-quoted one), stepping over escapes.
+                let closing = [q, q, q];
+                let triple = b.get(i..i + 3) == Some(&closing[..]);
+                i += if triple { 3 } else { 1 };
+                while i < b.len() {
+                    if b[i] == b'\\' {
+                        i += 2;
+                    } else if triple && b.get(i..i + 3) == Some(&closing[..]) {
+                        i += 3;
+                        break;
+                    } else if !triple && b[i] == q {
+                        i += 1;
+                        break;
+                    } else {
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            b'+' | b'-' | b'*' | b'/' | b'%' | b'<' | b'>' | b'=' | b'!' | b'&' | b'|' | b'?'
+            | b':' | b'[' | b'(' | b'{' => n += 1,
+            b'.' if b
+                .get(i + 1)
+                .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_') =>
+            {
+                n += 1
+            }
+            b'i' if b.get(i + 1) == Some(&b'n')
+                && (i == 0 || !is_word(b[i - 1]))
+                && !b.get(i + 2).is_some_and(|c| is_word(*c)) =>
+            {
+                n += 1
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    n
+}
+
+fn is_word(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// Levels of an expression tree, and the most comprehensions nested in one
+/// another's bodies (their condition and step, which run per element),
+/// counted without recursion (the tree may be thousands of levels deep).
+fn depth(root: &IdedExpr) -> (usize, usize) {
+    let (mut deepest, mut most_loops) = (0, 0);
+    let mut pending = vec![(root, 1, 0)];
+    while let Some((e, d, loops)) = pending.pop() {
+        deepest = deepest.max(d);
+        if let Expr::Comprehension(c) = &e.expr {
+            most_loops = most_loops.max(loops + 1);
+            pending.extend([&c.iter_range, &c.accu_init, &c.result].map(|x| (x, d + 1, loops)));
+            pending.extend([&c.loop_cond, &c.loop_step].map(|x| (x, d + 1, loops + 1)));
+        } else {
+            pending.extend(children(e).into_iter().map(|c| (c, d + 1, loops)));
+        }
+    }
+    (deepest, most_loops)
+}
+
+fn entry_children(x: &EntryExpr) -> [&IdedExpr; 2] {
+    match x {
+        EntryExpr::StructField(f) => [&f.value, &f.value],
+        EntryExpr::MapEntry(m) => [&m.key, &m.value],
+    }
+}
+
+/// The expressions directly inside `e` (a struct field's value twice, which
+/// does not change a depth).
+fn children(e: &IdedExpr) -> Vec<&IdedExpr> {
+    match &e.expr {
+        Expr::Unspecified | Expr::Literal(_) | Expr::Ident(_) => Vec::new(),
+        Expr::Select(sel) => vec![&sel.operand],
+        Expr::Call(call) => call
+            .target
+            .as_deref()
+            .into_iter()
+            .chain(&call.args)
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .flat_map(|x| entry_children(&x.expr))
+            .collect(),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .flat_map(|x| entry_children(&x.expr))
+            .collect(),
+    }
 }
 
 fn is_ident(s: &str) -> bool {
@@ -386,7 +543,10 @@ mod tests {
     fn predicates_report_paths_functions_and_skip_comprehension_variables() {
         let mut r = Reader::new();
         let reads = r
-            .predicate("size(steps.fetch.output) > 2 && steps['b'].output.all(x, x > inputs.min) && now() > 1")
+            .predicate(
+                "size(steps.fetch.output) > 2 && steps['b'].output.all(x, x > inputs.min) && now() > 1",
+                super::super::limits::MAX_PREDICATE_DEPTH,
+            )
             .expect("compiles");
         assert_eq!(
             paths(&reads),
@@ -394,6 +554,22 @@ mod tests {
         );
         assert!(reads.functions.contains(&"now".to_owned()));
         assert!(reads.functions.contains(&"size".to_owned()));
-        assert!(r.predicate("inputs.x ==").is_err());
+        assert!(r.predicate("inputs.x ==", usize::MAX).is_err());
+        let deep = vec!["1"; 100].join(" + ");
+        assert_eq!(r.predicate(&deep, 16).map(|r| r.depth), Ok(100));
+        // Too many chained operators for the limit: counted, not compiled.
+        assert_eq!(Reader::new().predicate(&deep, 8).map(|r| r.depth), Ok(99));
+        // Macros nested in a body count; one in another's range does not.
+        let loops = |src: &str| Reader::new().predicate(src, 32).map(|r| r.loops);
+        assert_eq!(loops("inputs.x == 1"), Ok(0));
+        assert_eq!(loops("[1].all(a, [2].exists(b, a < b))"), Ok(2));
+        assert_eq!(loops("[1].map(a, a).all(b, b > 0)"), Ok(1));
+        for (src, chained) in [
+            ("a.b == 'x + y' || a['c'] in [1, 2]", 8),
+            (r#"'''a ' + b''' + "\" -" + r'-'"#, 2),
+            ("index in inputs.list", 2),
+        ] {
+            assert_eq!(chained_operators(src), chained, "{src}");
+        }
     }
 }

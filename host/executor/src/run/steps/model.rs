@@ -50,8 +50,8 @@ impl RunCtx {
             .filter(|s| s.iteration == at.iteration && s.attempt == at.attempt)
             .map(|s| s.current.clone())
             .unwrap_or_default();
-        let text = match current.model {
-            Some(Ok(text)) => text,
+        let (text, tokens) = match current.model {
+            Some(Ok(text)) => (text, current.model_tokens),
             Some(Err(failure)) => return Ok((input, StepEnd::Failed(failure))),
             None => {
                 let provider = self.kernel.models.clone();
@@ -162,7 +162,7 @@ impl RunCtx {
                             .await?;
                             crash_point("after_model_committed");
                         }
-                        resp.text
+                        (resp.text, Some(resp.usage.total()))
                     }
                     Err(failure) => {
                         self.commit(Batch::intents(
@@ -181,6 +181,21 @@ impl RunCtx {
                 }
             }
         };
+        // `limits.tokens` bounds one call, as its provider counted it (the
+        // request asked for at most that many; a provider may not hold to it).
+        if let (Some(limit), Some(used)) = (self.runnable.def.limits.tokens, tokens)
+            && used > limit
+        {
+            return Ok((
+                input,
+                StepEnd::Failed(Failure::new(
+                    FailureClass::Failed,
+                    format!(
+                        "the model call used {used} tokens, over the workflow's `limits.tokens` of {limit}"
+                    ),
+                )),
+            ));
+        }
         let output = match m.format {
             OutputFormat::Text => Value::String(text),
             OutputFormat::Json => match serde_json::from_str::<Value>(strip_fences(&text)) {

@@ -28,6 +28,67 @@ impl RunCtx {
         at: AttemptId,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
+        // The child pinned at this run's start; a run recorded before runs
+        // pinned their children uses the version the workflow resolved
+        // when it was loaded.
+        let snap = self.snapshot().await;
+        let pinned = snap.subworkflows.get(&def.id).cloned();
+        let version = pinned
+            .as_ref()
+            .map(|p| p.version)
+            .or_else(|| self.runnable.subworkflows.get(&def.id).copied())
+            .or(match &s.version {
+                VersionSelector::Pinned(v) => Some(*v),
+                VersionSelector::Latest => None,
+            });
+        let child = version.map(|v| (v, pinned.map(|p| p.pins)));
+        self.child_attempt(def, child, &s.input.0, at, scope, || {
+            Inconsistency::SubWorkflowUnresolved {
+                step: def.id.clone(),
+                workflow: s.id.to_string(),
+            }
+        })
+        .await
+    }
+
+    /// A tool step whose tool is a workflow registered as a tool: the call
+    /// is a child run of the pinned version, created once under its
+    /// recorded intent and driven like a sub-workflow's, its arguments the
+    /// child's input and its output the step's.
+    pub(in crate::run) async fn workflow_tool_attempt(
+        self: Arc<Self>,
+        def: &StepDef,
+        t: &poimen_workflow::ToolStep,
+        version: poimen_workflow::WorkflowVersion,
+        at: AttemptId,
+        scope: &RunScope,
+    ) -> Result<StepEnd, Halt> {
+        self.child_attempt(def, Some((version, None)), &t.args.0, at, scope, || {
+            Inconsistency::NotPinned {
+                what: "tool",
+                name: t.tool.to_string(),
+                step: def.id.clone(),
+            }
+        })
+        .await
+    }
+
+    /// The child run of a step: created once (the link is recorded and
+    /// followed on resume), driven inside the parent's scope, its end the
+    /// step's. `child`: the version to run and what it pins (`None`: what
+    /// it resolves when created).
+    async fn child_attempt(
+        self: Arc<Self>,
+        def: &StepDef,
+        child: Option<(
+            poimen_workflow::WorkflowVersion,
+            Option<crate::episode::Pins>,
+        )>,
+        input_template: &Value,
+        at: AttemptId,
+        scope: &RunScope,
+        unresolved: impl FnOnce() -> Inconsistency,
+    ) -> Result<StepEnd, Halt> {
         let iteration = at.iteration;
         let snap = self.snapshot().await;
         let st = snap.steps.get(&def.id);
@@ -40,26 +101,10 @@ impl RunCtx {
                 (l.run, l.version, None)
             }
             None => {
-                // The child pinned at this run's start; a run recorded
-                // before runs pinned their children uses the version the
-                // workflow resolved when it was loaded.
-                let pinned = snap.subworkflows.get(&def.id).cloned();
-                let Some(version) = pinned
-                    .as_ref()
-                    .map(|p| p.version)
-                    .or_else(|| self.runnable.subworkflows.get(&def.id).copied())
-                    .or(match &s.version {
-                        VersionSelector::Pinned(v) => Some(*v),
-                        VersionSelector::Latest => None,
-                    })
-                else {
-                    return Err(Inconsistency::SubWorkflowUnresolved {
-                        step: def.id.clone(),
-                        workflow: s.id.to_string(),
-                    }
-                    .into());
+                let Some((version, pins)) = child else {
+                    return Err(unresolved().into());
                 };
-                let input = match render_args(&s.input.0, &context(&snap)) {
+                let input = match render_args(input_template, &context(&snap)) {
                     Ok(i) => i,
                     Err(e) => return Ok(StepEnd::Failed(render_failure(e))),
                 };
@@ -103,10 +148,12 @@ impl RunCtx {
                     parent: Some(parent),
                     idempotency_key: None,
                     id: Some(child_id),
-                    pins: pinned.map(|p| p.pins),
+                    pins,
                     tenant: self.scope.tenant.clone(),
                     hold: true,
                     admission: None,
+                    // Driven inside this run's span.
+                    trace: None,
                 };
                 let child = match self.create_child(spec).await {
                     Ok(c) => c,

@@ -1,0 +1,89 @@
+//! poimen-server: the versioned HTTP API over a [`poimen::Host`].
+//!
+//! [`router`] returns an axum [`Router`](axum::Router) with every route
+//! under `/v1` — runs, episodes (JSON and server-sent events), audits,
+//! judgments, reconciles, workflows and versions, arming, plugins, health
+//! and readiness — so `poimen serve --http` serves it and an embedder nests
+//! it in its own app. Errors are RFC 9457 problems ([`Problem`]) with a
+//! stable `type` per kind; the OpenAPI 3.1 document ([`openapi`]) is
+//! generated from the handlers and served at `/v1/openapi.json`.
+//!
+//! This crate is a thin edge: every route calls the [`poimen::Host`] verb
+//! that does the work and translates its result. It knows HTTP, not
+//! wasmtime or SQL (it never names a crate below the facade).
+
+use std::sync::Arc;
+
+mod auth;
+mod extract;
+mod problem;
+mod routes;
+
+pub use problem::{ApiError, KINDS, Kind, PROBLEM_BASE, PROBLEM_JSON, Problem};
+pub use routes::ApiDoc;
+
+/// How the API is served.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// When set, every route but `/v1/health` and `/v1/ready` requires
+    /// `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// When set, `POST /v1/runs` writes the run `queued` for the host's
+    /// serving loop ([`poimen::Host::serve`]) to claim, under its bound on
+    /// runs at once, rather than driving it at once in its own task.
+    /// `poimen serve --http` sets it.
+    pub queue_starts: bool,
+}
+
+impl ServerConfig {
+    /// No token: for a loopback listener, or an embedder that authenticates
+    /// in its own layers.
+    pub fn open() -> ServerConfig {
+        ServerConfig::default()
+    }
+
+    /// Every route but health and readiness requires this bearer token.
+    pub fn with_token(token: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            token: Some(token.into()),
+            queue_starts: false,
+        }
+    }
+
+    /// Runs started over the API are queued for the serving loop
+    /// ([`queue_starts`](Self::queue_starts)).
+    pub fn queue_starts(mut self, on: bool) -> ServerConfig {
+        self.queue_starts = on;
+        self
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    // The token never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("queue_starts", &self.queue_starts)
+            .finish()
+    }
+}
+
+/// The `/v1` API over `host`, ready to serve or to nest in another app.
+pub fn router(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
+    routes::router(host, config)
+}
+
+/// The OpenAPI 3.1 document of the API, as served at `/v1/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    <ApiDoc as utoipa::OpenApi>::openapi()
+}
+
+/// [`openapi`] as the pretty JSON checked in at `docs/openapi.json`.
+pub fn openapi_json() -> String {
+    let mut text = openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text.push('\n');
+    text
+}
