@@ -206,7 +206,7 @@ pub enum EpisodeEvent {
         /// claimed from the queue, possibly elsewhere — continues that
         /// trace. Telemetry only: volatile, never read by the run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        trace: Option<crate::kernel::TraceCarrier>,
+        trace: Option<TraceCarrier>,
     },
     /// A step execution began (a loop re-entry is a new iteration).
     StepStarted {
@@ -832,6 +832,10 @@ pub fn structure(episode: &Episode) -> Vec<String> {
         })
         .collect()
 }
+
+/// A caller's trace context as its propagator's fields (for W3C trace
+/// context, `traceparent` and `tracestate`), recorded with a run's start.
+pub type TraceCarrier = std::collections::BTreeMap<String, String>;
 
 #[cfg(test)]
 mod tests {

@@ -54,9 +54,7 @@ pub struct ExecutorConfig {
     pub trace_parent: Option<TraceParent>,
 }
 
-/// A caller's trace context as its propagator's fields (for W3C trace
-/// context, `traceparent` and `tracestate`), recorded with a run's start.
-pub type TraceCarrier = std::collections::BTreeMap<String, String>;
+pub use crate::episode::TraceCarrier;
 
 /// Makes a run's span continue the trace in a [`TraceCarrier`] (the
 /// embedder's tracing bridge does it: this crate only makes spans).

@@ -188,7 +188,7 @@ pub struct RunState {
     /// The starter's trace context (`run_started`'s `trace`): telemetry
     /// only, not part of the state shown.
     #[serde(skip)]
-    pub trace: Option<crate::kernel::TraceCarrier>,
+    pub trace: Option<crate::episode::TraceCarrier>,
     /// Milliseconds since which the run has been waiting, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<i64>,

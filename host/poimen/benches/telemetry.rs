@@ -8,8 +8,10 @@
 //! `tracing-opentelemetry` over an SDK tracer provider whose batch
 //! processor hands every span to an exporter that drops it (what an OTLP
 //! exporter costs the host before the wire), and metrics kept; the layer
-//! as `poimen` configures it (no OpenTelemetry context attached on span
-//! entry) and with the layer's default (attached). All are timed back to
+//! as `poimen --otlp-endpoint` configures it (src/telemetry.rs: spans at
+//! INFO and above, no OpenTelemetry context attached on span entry) and,
+//! for comparison, the same layer without its level filter (every TRACE
+//! and DEBUG span of the dependencies exported too). All are timed back to
 //! back in each of 30 rounds, the ratio to *off* taken per round.
 //!
 //! `cargo bench -p poimen --bench telemetry`: prints its lines.
@@ -22,6 +24,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use poimen::{Host, RunStatus, Target};
 use serde_json::json;
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 
 /// Drops every span it is given.
@@ -89,22 +92,25 @@ fn main() {
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(Discard)
         .build();
-    let subscriber = |activation: bool| {
-        Arc::new(
-            tracing_subscriber::registry().with(
-                // As `poimen --otlp-endpoint` configures it (src/telemetry.rs),
-                // or with the layer's default of attaching an OpenTelemetry
-                // context on every span entry.
-                tracing_opentelemetry::layer()
-                    .with_tracer(provider.tracer("bench"))
-                    .with_location(false)
-                    .with_threads(false)
-                    .with_tracked_inactivity(false)
-                    .with_context_activation(activation),
-            ),
-        )
+    // As `poimen --otlp-endpoint` configures it (src/telemetry.rs): spans
+    // at INFO and above (the host's own), or every span of every level.
+    let subscriber = |filtered: bool| -> Arc<dyn tracing::Subscriber + Send + Sync> {
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("bench"))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_context_activation(false);
+        if filtered {
+            Arc::new(
+                tracing_subscriber::registry()
+                    .with(layer.with_filter(tracing_subscriber::filter::LevelFilter::INFO)),
+            )
+        } else {
+            Arc::new(tracing_subscriber::registry().with(layer))
+        }
     };
-    let (ours, activating) = (subscriber(false), subscriber(true));
+    let (ours, unfiltered) = (subscriber(true), subscriber(false));
     // One run of `wf` on `host`, in µs.
     let run = |host: &Host, wf: &std::path::Path| {
         let t = Instant::now();
@@ -118,17 +124,17 @@ fn main() {
         assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
         t.elapsed().as_secs_f64() * 1e6
     };
-    // `traced`: None, or the subscriber with context activation or not.
+    // `traced`: None, or the subscriber as poimen's (true) or unfiltered.
     let slope = |host: &Host, traced: Option<bool>| {
         let time = |wf: &std::path::Path| {
             median(
                 (0..7)
                     .map(|_| match traced {
-                        Some(false) => {
+                        Some(true) => {
                             tracing::subscriber::with_default(ours.clone(), || run(host, wf))
                         }
-                        Some(true) => {
-                            tracing::subscriber::with_default(activating.clone(), || run(host, wf))
+                        Some(false) => {
+                            tracing::subscriber::with_default(unfiltered.clone(), || run(host, wf))
                         }
                         None => run(host, wf),
                     })
@@ -139,19 +145,19 @@ fn main() {
     };
     for _ in 0..3 {
         slope(&off, None);
-        slope(&on, Some(false));
+        slope(&on, Some(true));
     }
-    // Per round: off, metrics only, spans only, both, and both with the
-    // layer's default context activation.
+    // Per round: off, metrics only, spans only, both, and both without the
+    // level filter.
     let mut v: [Vec<f64>; 5] = Default::default();
     let mut ratios: [Vec<f64>; 4] = Default::default();
     for _ in 0..30 {
         let base = slope(&off, None);
         let each = [
             slope(&on, None),
-            slope(&off, Some(false)),
-            slope(&on, Some(false)),
+            slope(&off, Some(true)),
             slope(&on, Some(true)),
+            slope(&on, Some(false)),
         ];
         v[0].push(base);
         for (k, x) in each.into_iter().enumerate() {
@@ -162,7 +168,7 @@ fn main() {
     let [v0, v1, v2, v3, v4] = v;
     let [r1, r2, r3, r4] = ratios;
     println!(
-        "telemetry per tool step (median of 30 paired rounds): off {:.1} µs; metrics only {:.1} µs ({:.3}×); spans over OpenTelemetry only {:.1} µs ({:.3}×); both {:.1} µs ({:.3}×); both, with context activation {:.1} µs ({:.3}×)",
+        "telemetry per tool step (median of 30 paired rounds): off {:.1} µs; metrics only {:.1} µs ({:.3}×); spans over OpenTelemetry only {:.1} µs ({:.3}×); both {:.1} µs ({:.3}×); both, without the level filter {:.1} µs ({:.3}×)",
         median(v0),
         median(v1),
         median(r1),
