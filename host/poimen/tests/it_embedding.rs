@@ -35,6 +35,9 @@ struct CountingStore {
     commits: AtomicU64,
     events: AtomicU64,
     fail_run_reads: AtomicBool,
+    /// Another host racing this one: before every commit it claims what
+    /// runs it can (and keeps what it got here).
+    intruder: std::sync::Mutex<Option<Vec<RunId>>>,
 }
 
 #[async_trait]
@@ -108,6 +111,13 @@ impl Store for CountingStore {
         self.inner.children(p).await
     }
     async fn commit(&self, commit: Commit) -> StoreResult<()> {
+        if self.intruder.lock().expect("intruder").is_some() {
+            // A lease it takes expires at once: it never drives them.
+            let got = self.inner.claim_runnable("intruder", 0, 1, 100).await?;
+            if let Some(seen) = self.intruder.lock().expect("intruder").as_mut() {
+                seen.extend(got.into_iter().map(|(r, _)| r.id));
+            }
+        }
         let events = commit.events.len() as u64;
         self.inner.commit(commit).await?;
         self.commits.fetch_add(1, Ordering::SeqCst);
@@ -622,6 +632,44 @@ async fn a_queued_run_continues_the_trace_its_starter_recorded() {
         EpisodeEvent::RunStarted { trace, .. } => assert_eq!(trace.as_ref(), Some(&carrier)),
         other => panic!("first event {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueued_run_is_claimable_only_once_its_start_is_recorded() {
+    // A serving host that claimed a queued run before its `run_started`
+    // was stored would find no start to drive, and the enqueuer's own
+    // write would then conflict: the enqueuer holds the run until its
+    // start is stored. Here another host claims before every commit.
+    let env = Env::new();
+    let store = Arc::new(CountingStore::default());
+    let host = Host::builder()
+        .shared_store(store.clone())
+        .shared_clock(ManualClock::new(NOW_MS))
+        .build()
+        .await
+        .expect("host");
+    let wf = env.write(
+        "queued.yaml",
+        "id: service.queued\nsteps:\n  - id: one\n    tool: {name: \"json@^0.1\", args: {value: 1, select: \"\"}}\n",
+    );
+    *store.intruder.lock().expect("intruder") = Some(Vec::new());
+    let run = host
+        .enqueue(&Target::File(wf), json!({}), Default::default())
+        .await
+        .expect("enqueue");
+    let claimed = store.intruder.lock().expect("intruder").take();
+    assert_eq!(claimed, Some(Vec::new()), "claimed before its start was stored");
+    let (rec, _) = host.status(&run).await.expect("status");
+    assert_eq!(rec.status, RunStatus::Queued);
+    assert!(rec.lease.is_none(), "handed back: {:?}", rec.lease);
+    let events = host.episode(&run).await.expect("episode");
+    assert!(
+        matches!(
+            events.events.first().map(|e| &e.event),
+            Some(EpisodeEvent::RunStarted { .. })
+        ),
+        "{events:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

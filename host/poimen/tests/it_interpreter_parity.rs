@@ -1791,11 +1791,11 @@ async fn noting_harness(rules: Vec<Rule>) -> (Harness, Arc<Noting>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
-    // The fsync budget of a durable tool step, held structurally: its start
-    // rides with `Pending` (buffered), `Dispatched` is fsynced before the
-    // guest runs, and the call's outcome is fsynced with the step's end —
-    // before the run moves on. A step with verifiers commits its outcome
+async fn interpreter_durable_tool_step_makes_two_commits_both_fsynced() {
+    // The commit budget of a durable step of a pure tool, held
+    // structurally: its start rides with `Pending` and `Dispatched` in one
+    // commit, fsynced before the guest runs, and the call's outcome is
+    // fsynced with the step's end — before the run moves on. A step with verifiers commits its outcome
     // at once (the verifiers may take long).
     let (h, noting) = noting_harness(vec![]).await;
     let step = |id: &str| {
@@ -1815,7 +1815,7 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     h.checked(&out).await;
 
-    use poimen_store::Durability::{Buffered, Sync};
+    use poimen_store::Durability::Sync;
     let of = |id: &str| -> Vec<CommitShape> {
         noting
             .commits
@@ -1835,14 +1835,12 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
         b,
         vec![
             CommitShape {
-                durability: Buffered,
-                events: vec![ev("step_started", "b"), ev("attempt_started", "b")],
-                intents: vec![("b".into(), IntentPhase::Pending)],
-            },
-            CommitShape {
                 durability: Sync,
-                events: vec![],
-                intents: vec![("b".into(), IntentPhase::Dispatched)],
+                events: vec![ev("step_started", "b"), ev("attempt_started", "b")],
+                intents: vec![
+                    ("b".into(), IntentPhase::Pending),
+                    ("b".into(), IntentPhase::Dispatched),
+                ],
             },
             CommitShape {
                 durability: Sync,
@@ -1857,9 +1855,9 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
         "{b:#?}"
     );
     let c = of("c");
-    assert_eq!(c.len(), 5, "{c:#?}");
+    assert_eq!(c.len(), 4, "{c:#?}");
     assert_eq!(
-        c[2],
+        c[1],
         CommitShape {
             durability: Sync,
             events: vec![ev("tool_called", "c")],
@@ -1867,7 +1865,7 @@ async fn interpreter_durable_tool_step_makes_three_commits_two_fsynced() {
         },
         "{c:#?}"
     );
-    assert_eq!(c[3].events, vec![ev("verified", "c")], "{c:#?}");
+    assert_eq!(c[2].events, vec![ev("verified", "c")], "{c:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

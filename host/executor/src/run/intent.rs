@@ -2,7 +2,10 @@
 //!
 //! `Pending` (buffered), `Dispatched` (durable before the guest is called),
 //! the call, then `Committed` or `Failed` with the `tool_called` event
-//! (durable before the run moves on). On resume the recorded phases decide:
+//! (durable before the run moves on). For a pure or idempotent tool
+//! `Pending` and `Dispatched` share one durable commit: recovery treats the
+//! two alike for such a tool (it dispatches again under the same key), so
+//! only a non-idempotent call pays for the distinction. On resume the recorded phases decide:
 //! a committed call is replayed, a dispatched one is re-dispatched with the
 //! same idempotency key when the tool is pure or idempotent, and blocks the
 //! run as `outcome_unknown` otherwise.
@@ -127,13 +130,32 @@ impl RunCtx {
                     }));
                 }
                 crash_point("before_pending");
-                self.commit(Batch {
-                    intents: vec![intent(IntentPhase::Pending, None, None, None)],
-                    ..Batch::default()
-                })
-                .await?;
-                crash_point("after_pending");
-                self.commit(dispatched()).await?;
+                if pinned.effect == EffectClass::NonIdempotent {
+                    // `Pending` on its own: a crash before `Dispatched`
+                    // leaves a call known not to have been made, which
+                    // recovery makes instead of blocking the run.
+                    self.commit(Batch {
+                        intents: vec![intent(IntentPhase::Pending, None, None, None)],
+                        ..Batch::default()
+                    })
+                    .await?;
+                    crash_point("after_pending");
+                    self.commit(dispatched()).await?;
+                } else {
+                    // Pure or idempotent: recovery dispatches a dispatched
+                    // call again exactly as it dispatches a pending one, so
+                    // both phases go in one durable commit (one round trip
+                    // to the store instead of two).
+                    self.commit(Batch::intents(
+                        Vec::new(),
+                        vec![
+                            intent(IntentPhase::Pending, None, None, None),
+                            intent(IntentPhase::Dispatched, None, None, None),
+                        ],
+                    ))
+                    .await?;
+                    crash_point("after_pending");
+                }
                 crash_point("after_dispatched");
             }
         }

@@ -399,9 +399,11 @@ pub(crate) struct RunCtx {
 
 /// Records queued for the run's next commit, which carries them ahead of its
 /// own. On the serial spine (never inside a fan-out, whose branches commit
-/// concurrently) a top-level tool step's start rides with its `Pending`
-/// intent, and its `Committed`/`Failed` intent with the step's end: a
-/// durable tool step costs three store commits, two of them fsynced.
+/// concurrently) a top-level tool step's start rides with its first intent
+/// commit, and its `Committed`/`Failed` intent with the step's end: a
+/// durable step of a pure or idempotent tool costs two store commits, both
+/// fsynced (start + `Pending` + `Dispatched`; `tool_called` + outcome); a
+/// non-idempotent tool's `Pending` is a commit of its own.
 ///
 /// Nothing queued is applied until that commit, so a crash before it leaves
 /// no trace of it — as if it never happened. For a start that is true:

@@ -174,7 +174,11 @@ pub(crate) async fn create(
             tenant: tenant.0.clone(),
             idempotency_key,
             parent: parent.as_ref().map(|p| (p.run.clone(), p.step.clone())),
-            lease: hold.then(|| LeaseRequest {
+            // Held from its creation even when enqueued: a queued run
+            // with no start recorded must not be claimed by a serving host
+            // (it would find no `run_started`), so the creator holds it
+            // until its start is stored, then hands it back.
+            lease: Some(LeaseRequest {
                 owner: kernel.config.host_id.clone(),
                 ttl_ms: kernel.config.lease_ttl_ms,
             }),
@@ -208,15 +212,22 @@ pub(crate) async fn create(
     // start is recorded (pins and all) but the run stays `queued`, held by
     // no one, until a host claims it.
     if !hold || (!existing && rec.lease.is_none()) {
+        // The lease this creation took, if it took one (a full admission
+        // group gives none): the start is written under it and the run is
+        // handed back after, so no host claims it before.
+        let created_lease = rec.lease.clone().filter(|_| !existing);
         let (commit, _) = super::store_commit(
             &rec.id,
-            None,
+            created_lease.as_ref().map(poimen_store::Lease::fence),
             0,
             now,
             vec![started],
             Batch::events(Vec::new()).durability(poimen_store::Durability::Sync),
         );
         store.commit(commit).await?;
+        if let Some(lease) = created_lease {
+            store.release_lease(&lease).await?;
+        }
         return Ok(Started {
             run: rec.id,
             existing,
