@@ -658,7 +658,11 @@ async fn an_enqueued_run_is_claimable_only_once_its_start_is_recorded() {
         .await
         .expect("enqueue");
     let claimed = store.intruder.lock().expect("intruder").take();
-    assert_eq!(claimed, Some(Vec::new()), "claimed before its start was stored");
+    assert_eq!(
+        claimed,
+        Some(Vec::new()),
+        "claimed before its start was stored"
+    );
     let (rec, _) = host.status(&run).await.expect("status");
     assert_eq!(rec.status, RunStatus::Queued);
     assert!(rec.lease.is_none(), "handed back: {:?}", rec.lease);
