@@ -59,6 +59,7 @@ build() {
     --target "$HOST" --target-dir "$FUZZ_DIR/target" "${bins[@]}"
   for t in "${TARGETS[@]}"; do
     [[ -x "$BIN_DIR/$t" ]] || die "the build did not produce $BIN_DIR/$t"
+    [[ -f "$FUZZ_DIR/dict/$(dict_of "$t").dict" ]] || die "no dictionary for $t at fuzz/dict/$(dict_of "$t").dict"
   done
 }
 
@@ -75,9 +76,17 @@ corpus_of() {
   echo "$dir"
 }
 
+# The four targets that read workflow documents share one dictionary; the
+# mapping lives here rather than in symlinks, which do not survive every copy.
+dict_of() {
+  case "$1" in
+    frontend_yaml | frontend_json | canonical | validate) echo workflow ;;
+    *) echo "$1" ;;
+  esac
+}
+
 dict_args() {
-  local dict="$FUZZ_DIR/dict/$1.dict"
-  if [[ -f "$dict" ]]; then echo "-dict=$dict"; fi
+  echo "-dict=$FUZZ_DIR/dict/$(dict_of "$1").dict"
 }
 
 artifacts_of() {
