@@ -142,8 +142,14 @@ impl Kernel {
         self.active().insert(run.clone(), scope);
     }
 
-    pub fn unregister(&self, run: &RunId) {
-        self.active().remove(run);
+    /// Forgets the drive of `run` whose scope is `scope` — not a later
+    /// drive of the same run that registered since (this host claimed it
+    /// again after this drive's lease expired).
+    pub fn unregister(&self, run: &RunId, scope: &RunScope) {
+        let mut active = self.active();
+        if active.get(run).is_some_and(|s| s.same_drive(scope)) {
+            active.remove(run);
+        }
     }
 
     /// The scope of a run this host is driving.

@@ -22,6 +22,7 @@ use std::time::Duration;
 use poimen_store::{Fence, Lease, Store, StoreError};
 
 use crate::kernel::Kernel;
+use crate::scope::RunScope;
 
 /// This host's tenure on one run: the lease it holds, kept current by the
 /// heartbeat.
@@ -52,8 +53,17 @@ impl Tenure {
     }
 
     /// Keeps the lease alive until the returned guard is dropped, then
-    /// releases it.
-    pub fn hold(self: &Arc<Self>, kernel: &Arc<Kernel>, store: Arc<dyn Store>) -> Holding {
+    /// releases it. `scope` is the drive this tenure is for: when the
+    /// heartbeat finds the lease gone (taken over, claimed again by this
+    /// host under a newer tenure, or ended by an operator's cancel), it
+    /// stops that drive — its guest calls included — since none of its
+    /// writes would land any more.
+    pub fn hold(
+        self: &Arc<Self>,
+        kernel: &Arc<Kernel>,
+        store: Arc<dyn Store>,
+        scope: RunScope,
+    ) -> Holding {
         let ttl = kernel.config.lease_ttl_ms.max(1);
         let period = Duration::from_millis(u64::try_from(ttl / 3).unwrap_or(1).max(1));
         let tenure = self.clone();
@@ -65,17 +75,26 @@ impl Tenure {
                 let current = tenure.lease();
                 match s.renew_lease(&current, k.clock.now_ms(), ttl).await {
                     Ok(renewed) => *tenure.lock() = renewed,
-                    // Taken over: this host's next commit is refused, which
-                    // halts the walk; nothing to renew any more.
                     // Taken back by this host itself, under a newer tenure
                     // (this drive fell so far behind that its lease expired
-                    // and the serve loop claimed the run again): the run's
-                    // registered scope is the newer drive's, which must go
-                    // on. This drive's own next commit is refused.
+                    // and the serve loop claimed the run again): the newer
+                    // drive goes on; this one stops (its next commit would
+                    // be refused).
                     Err(StoreError::LeaseLost {
                         holder: Some(holder),
                         ..
-                    }) if holder.owner == current.owner => return,
+                    }) if holder.owner == current.owner => {
+                        tracing::info!(
+                            run = %current.run,
+                            epoch = current.epoch,
+                            newer = holder.epoch,
+                            "this host claimed the run again under a newer tenure; the older drive stops"
+                        );
+                        scope.cancel_run();
+                        return;
+                    }
+                    // Taken over by another host: every write of this
+                    // drive would be refused; interrupt what is in flight.
                     Err(StoreError::LeaseLost {
                         holder: Some(holder),
                         ..
@@ -85,26 +104,27 @@ impl Tenure {
                             holder = %holder.owner,
                             "lease lost to another host; this host stops driving the run"
                         );
-                        // Interrupt what is in flight: every write of it
-                        // would be refused anyway.
-                        if let Some(scope) = k.driving(&current.run) {
-                            scope.cancel_run();
-                        }
+                        scope.cancel_run();
                         return;
                     }
-                    // The run ended: its last commit ended the tenure — this
-                    // host's, or an operator's cancel from anywhere, which
-                    // this host hears here and obeys.
+                    // Nobody holds it: the run's last commit ended the
+                    // tenure — this host's own (the drive is ending), or an
+                    // operator's cancel from anywhere, which this host hears
+                    // here and obeys.
                     Err(StoreError::LeaseLost { holder: None, .. }) => {
-                        let cancelled = matches!(
-                            s.run(&current.run).await,
-                            Ok(Some(r)) if r.status == poimen_store::RunStatus::Cancelled
-                        );
-                        if cancelled && let Some(scope) = k.driving(&current.run) {
-                            tracing::info!(run = %current.run, "the run was cancelled elsewhere; this host stops driving it");
-                            scope.cancel_run();
+                        match s.run(&current.run).await {
+                            Ok(Some(r)) if r.status == poimen_store::RunStatus::Cancelled => {
+                                tracing::info!(run = %current.run, "the run was cancelled elsewhere; this host stops driving it");
+                                scope.cancel_run();
+                                return;
+                            }
+                            Ok(_) => return,
+                            // Cannot tell yet: ask again at the next beat.
+                            Err(e) => tracing::warn!(
+                                run = %current.run,
+                                "the lease is gone and the run's status could not be read: {e}"
+                            ),
                         }
-                        return;
                     }
                     // A store hiccup: try again at the next beat (the lease
                     // holds until it expires).

@@ -100,6 +100,13 @@ impl RunScope {
         }
     }
 
+    /// Whether `other` belongs to the same drive of the same run (a root
+    /// scope and its branches do; the scope of a later load of the run
+    /// does not).
+    pub fn same_drive(&self, other: &RunScope) -> bool {
+        std::sync::Arc::ptr_eq(&self.why, &other.why)
+    }
+
     /// Cancels the whole run.
     pub fn cancel_run(&self) {
         self.run_token.cancel();
@@ -161,6 +168,19 @@ mod tests {
             Err(Stop::RunCancelled)
         );
         assert_eq!(run.interruption(), None, "cancelled, not interrupted");
+    }
+
+    #[test]
+    fn a_drive_is_told_from_a_later_drive_of_the_same_run() {
+        let first = RunScope::root(TenantId::default(), "WFR-1");
+        let again = RunScope::root(TenantId::default(), "WFR-1");
+        assert!(first.same_drive(&first.branch()));
+        assert!(first.same_drive(&first.clone()));
+        assert!(
+            !first.same_drive(&again),
+            "a later load of the run is another drive"
+        );
+        assert!(!first.same_drive(&first.child_run("WFR-2")));
     }
 
     #[tokio::test]

@@ -11,8 +11,10 @@
 //! as `poimen --otlp-endpoint` configures it (src/telemetry.rs: spans at
 //! INFO and above, no OpenTelemetry context attached on span entry) and,
 //! for comparison, the same layer without its level filter (every TRACE
-//! and DEBUG span of the dependencies exported too). All are timed back to
-//! back in each of 30 rounds, the ratio to *off* taken per round.
+//! and DEBUG span of the dependencies exported too); and the spans in
+//! `tracing`'s registry with no layer (the floor under any exporter). All
+//! are timed back to back in each of 30 rounds, the ratio to *off* taken
+//! per round. The process allocates with mimalloc, as the binary does.
 //!
 //! `cargo bench -p poimen --bench telemetry`: prints its lines.
 
@@ -26,6 +28,10 @@ use poimen::{Host, RunStatus, Target};
 use serde_json::json;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
+
+// The allocator the `poimen` binary uses (src/main.rs).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Drops every span it is given.
 #[derive(Debug)]
@@ -111,6 +117,15 @@ fn main() {
         }
     };
     let (ours, unfiltered) = (subscriber(true), subscriber(false));
+    // The floor under any exporter: the same spans recorded by
+    // `tracing`'s registry (created, entered on every poll, closed) with
+    // no layer doing anything with them.
+    let registry_only: Arc<dyn tracing::Subscriber + Send + Sync> = Arc::new(
+        tracing_subscriber::registry().with(
+            tracing_subscriber::layer::Identity::new()
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        ),
+    );
     // One run of `wf` on `host`, in µs.
     let run = |host: &Host, wf: &std::path::Path| {
         let t = Instant::now();
@@ -124,17 +139,14 @@ fn main() {
         assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
         t.elapsed().as_secs_f64() * 1e6
     };
-    // `traced`: None, or the subscriber as poimen's (true) or unfiltered.
-    let slope = |host: &Host, traced: Option<bool>| {
+    // `traced`: None, or the subscriber to run under.
+    let slope = |host: &Host, traced: Option<&Arc<dyn tracing::Subscriber + Send + Sync>>| {
         let time = |wf: &std::path::Path| {
             median(
                 (0..7)
                     .map(|_| match traced {
-                        Some(true) => {
-                            tracing::subscriber::with_default(ours.clone(), || run(host, wf))
-                        }
-                        Some(false) => {
-                            tracing::subscriber::with_default(unfiltered.clone(), || run(host, wf))
+                        Some(sub) => {
+                            tracing::subscriber::with_default(sub.clone(), || run(host, wf))
                         }
                         None => run(host, wf),
                     })
@@ -145,19 +157,20 @@ fn main() {
     };
     for _ in 0..3 {
         slope(&off, None);
-        slope(&on, Some(true));
+        slope(&on, Some(&ours));
     }
-    // Per round: off, metrics only, spans only, both, and both without the
-    // level filter.
-    let mut v: [Vec<f64>; 5] = Default::default();
-    let mut ratios: [Vec<f64>; 4] = Default::default();
+    // Per round: off, metrics only, spans only, both, both without the
+    // level filter, and spans in the registry alone.
+    let mut v: [Vec<f64>; 6] = Default::default();
+    let mut ratios: [Vec<f64>; 5] = Default::default();
     for _ in 0..30 {
         let base = slope(&off, None);
         let each = [
             slope(&on, None),
-            slope(&off, Some(true)),
-            slope(&on, Some(true)),
-            slope(&on, Some(false)),
+            slope(&off, Some(&ours)),
+            slope(&on, Some(&ours)),
+            slope(&on, Some(&unfiltered)),
+            slope(&off, Some(&registry_only)),
         ];
         v[0].push(base);
         for (k, x) in each.into_iter().enumerate() {
@@ -165,10 +178,10 @@ fn main() {
             ratios[k].push(x / base);
         }
     }
-    let [v0, v1, v2, v3, v4] = v;
-    let [r1, r2, r3, r4] = ratios;
+    let [v0, v1, v2, v3, v4, v5] = v;
+    let [r1, r2, r3, r4, r5] = ratios;
     println!(
-        "telemetry per tool step (median of 30 paired rounds): off {:.1} µs; metrics only {:.1} µs ({:.3}×); spans over OpenTelemetry only {:.1} µs ({:.3}×); both {:.1} µs ({:.3}×); both, without the level filter {:.1} µs ({:.3}×)",
+        "telemetry per tool step (median of 30 paired rounds): off {:.1} µs; metrics only {:.1} µs ({:.3}×); spans over OpenTelemetry only {:.1} µs ({:.3}×); both {:.1} µs ({:.3}×); both, without the level filter {:.1} µs ({:.3}×); spans in the registry alone {:.1} µs ({:.3}×)",
         median(v0),
         median(v1),
         median(r1),
@@ -177,7 +190,9 @@ fn main() {
         median(v3),
         median(r3),
         median(v4),
-        median(r4)
+        median(r4),
+        median(v5),
+        median(r5)
     );
     let _ = provider.shutdown();
 }

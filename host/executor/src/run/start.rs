@@ -365,10 +365,12 @@ impl RunCtx {
     pub(crate) async fn drive_registered(self: Arc<Self>) -> RunOutcome {
         let kernel = self.kernel.clone();
         kernel.register(&self.run, self.scope.clone());
-        let holding = self.tenure.hold(&kernel, self.store.clone());
+        let holding = self
+            .tenure
+            .hold(&kernel, self.store.clone(), self.scope.clone());
         let outcome = self.clone().resume_and_drive().await;
         holding.release().await;
-        kernel.unregister(&self.run);
+        kernel.unregister(&self.run, &self.scope);
         outcome
     }
 
