@@ -292,7 +292,7 @@ impl CompileCache {
         self.authenticated(&path, &file).map(<[u8]>::to_vec)
     }
 
-    /// Keeps what an accepted component's `describe` returned.
+    /// Keeps what an accepted or withheld component's `describe` returned.
     pub fn keep_described(&self, digest_hex: &str, payload: &[u8]) {
         let Some(dir) = &self.dir else { return };
         let path = Self::described_path(&self.path(dir, digest_hex));

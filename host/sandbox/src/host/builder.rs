@@ -207,6 +207,7 @@ impl PluginHostBuilder {
                 scratch,
                 slots: tokio::sync::Semaphore::new(max_concurrent),
                 in_flight: AtomicUsize::new(0),
+                compiles: AtomicUsize::new(0),
                 released: tokio::sync::Notify::new(),
             }),
         };

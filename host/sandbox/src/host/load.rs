@@ -115,6 +115,10 @@ struct Checked {
 struct Described {
     info: ToolInfo,
     record: HostcallRecord,
+    /// Which world it exports (absent in files written before it was
+    /// kept: such a file never short-cuts a load).
+    #[serde(default)]
+    kind: Option<PluginKind>,
 }
 
 impl PluginHost {
@@ -138,6 +142,11 @@ impl PluginHost {
                 });
             }
         };
+        if cache != engine::CacheOutcome::Hit {
+            self.inner
+                .compiles
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut imports = imports::of_component(&component, &self.inner.engine);
         if let Some(unknown) = imports::unknown(&imports) {
             return Err(LoadError::UnknownImport {
@@ -156,7 +165,9 @@ impl PluginHost {
             _ => None,
         };
         let (info, record, described) = match cached {
-            Some(Described { info, mut record }) => {
+            Some(Described {
+                info, mut record, ..
+            }) => {
                 record.requested = origin.to_owned();
                 (info, record, None)
             }
@@ -165,6 +176,7 @@ impl PluginHost {
                 let keep = serde_json::to_vec(&Described {
                     info: info.clone(),
                     record: record.clone(),
+                    kind: Some(kind),
                 })
                 .ok();
                 (info, record, keep)
@@ -368,6 +380,54 @@ impl PluginHost {
         Ok(removed)
     }
 
+    /// A component this host withheld before, withheld again from its
+    /// kept description without compiling it or running its `describe`
+    /// (a start pays nothing for the bundled components its policy does
+    /// not grant). `None` — take the full path — unless the description is
+    /// in the cache (authenticated, written by this installation, naming
+    /// this digest and its world), its name is not reserved against it,
+    /// and the policy still denies it.
+    fn withheld_as_before(&self, origin: &str, bytes: &[u8]) -> Option<LoadError> {
+        let digest_hex = blake3::hash(bytes).to_hex().to_string();
+        let kept = self.inner.cache.described(&digest_hex)?;
+        let Described { info, kind, .. } = serde_json::from_slice::<Described>(&kept).ok()?;
+        let kind = kind?;
+        if info.digest != format!("b3:{digest_hex}") {
+            return None;
+        }
+        let mut registry = self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if registry
+            .reserved_against(&info.name, &info.digest)
+            .is_some()
+        {
+            return None;
+        }
+        let policy = &self.inner.policy;
+        let missing = policy
+            .grant(&info.name, &info.digest, &info.capabilities)
+            .err()?;
+        let denied = LoadError::CapabilityDenied {
+            component: info.name.clone(),
+            origin: origin.to_owned(),
+            capability: missing
+                .first()
+                .map_or_else(|| "(unnamed)".to_owned(), |m| m.capability.to_string()),
+            policy: policy.source().to_string(),
+            hint: missing.first().map(|m| m.hint.clone()).unwrap_or_default(),
+        };
+        registry.withhold(crate::registry::WithheldEntry {
+            info,
+            kind,
+            origin: origin.to_owned(),
+            reason: denied.to_string(),
+        });
+        Some(denied)
+    }
+
     /// Loads a component. With `withhold`, one denied a capability is also
     /// recorded as withheld; the denial is returned either way. With
     /// `replace`, it takes the place of the loaded ones of its kind and
@@ -379,6 +439,12 @@ impl PluginHost {
         withhold: bool,
         replace: bool,
     ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
+        if withhold
+            && !replace
+            && let Some(denied) = self.withheld_as_before(&origin, &bytes)
+        {
+            return Err(denied);
+        }
         let c = self.check(&origin, bytes).await?;
         let reserved = {
             let registry = self
@@ -422,6 +488,12 @@ impl PluginHost {
                 };
                 if !withhold {
                     return Err(denied);
+                }
+                // Its description is kept (not its compiled form): the
+                // next start withholds it again without compiling it, as
+                // long as the policy still denies it.
+                if let Some(d) = &c.described {
+                    self.inner.cache.keep_described(&c.compiled.1, d);
                 }
                 let entry = crate::registry::WithheldEntry {
                     info: c.info,

@@ -58,6 +58,8 @@ struct Inner {
     scratch: crate::scratch::ScratchRoot,
     slots: tokio::sync::Semaphore,
     in_flight: AtomicUsize,
+    /// Components this host compiled (not read from the compile cache).
+    compiles: AtomicUsize,
     /// Notified whenever a guest call ends (its instances back in the pool).
     released: tokio::sync::Notify,
 }
@@ -98,6 +100,14 @@ impl PluginHost {
     /// invocation's future is dropped.
     pub fn in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// How many components this host has compiled since it was built
+    /// (loads, replacements and inspections that missed the compile cache
+    /// or had none). A start whose components are all in the cache — or
+    /// withheld as before — compiles none.
+    pub fn compiles(&self) -> usize {
+        self.inner.compiles.load(Ordering::Relaxed)
     }
 
     pub(crate) fn with_registry<R>(&self, f: impl FnOnce(&Registry) -> R) -> R {

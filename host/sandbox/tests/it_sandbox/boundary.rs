@@ -339,6 +339,53 @@ async fn a_grant_pinned_to_a_digest_goes_to_that_component_only() {
 }
 
 #[tokio::test]
+async fn a_withheld_component_is_withheld_again_at_the_next_start_without_compiling() {
+    let plugins = tempfile::tempdir().expect("dir");
+    let cache = tempfile::tempdir().expect("dir");
+    std::fs::copy(plugin_artifacts::FS_READ, plugins.path().join("a.wasm")).expect("copy");
+    let start = |policy: Option<poimen_sandbox::Policy>| {
+        let mut b = PluginHost::builder()
+            .cache_dir(cache.path())
+            .plugin_dir(plugins.path())
+            .withhold_ungranted(true);
+        if let Some(p) = policy {
+            b = b.policy(p);
+        }
+        b.build()
+    };
+    let first = start(None).await.expect("host");
+    assert_eq!(first.compiles(), 1);
+    let reason = first.withheld()[0].reason.clone();
+    // Nothing compiled is kept for it; its description is.
+    assert_eq!(support::compiled_files(cache.path()), 0);
+    let second = start(None).await.expect("host");
+    assert_eq!(
+        second.compiles(),
+        0,
+        "withheld again from its kept description"
+    );
+    let withheld = second.withheld();
+    assert_eq!(withheld.len(), 1, "{withheld:?}");
+    assert_eq!(withheld[0].info.name, "fs-read");
+    assert_eq!(withheld[0].reason, reason);
+    // A policy that grants it now takes the full path: compiled, loaded.
+    let data = tempfile::tempdir().expect("data");
+    let policy = poimen_sandbox::Policy::in_code()
+        .grant_fs_read("fs-read", "/data", data.path())
+        .expect("policy");
+    let granted = start(Some(policy)).await.expect("host");
+    assert!(granted.withheld().is_empty(), "{:?}", granted.withheld());
+    assert!(
+        granted
+            .tools()
+            .list()
+            .iter()
+            .any(|e| e.info.name == "fs-read")
+    );
+    assert_eq!(granted.compiles(), 1);
+}
+
+#[tokio::test]
 async fn withholding_builds_the_host_and_names_the_missing_grant_on_every_use() {
     let dir = tempfile::tempdir().expect("dir");
     for (name, path) in [
