@@ -8,14 +8,14 @@ mod telemetry;
 
 use std::process::ExitCode;
 
+use clap::Parser;
+
 // A step allocates and frees many small values (events, state, template
 // context); mimalloc takes a third off the per-step cost against glibc's
 // allocator (BENCHMARKS.md, "Telemetry on vs off": the *off* figure under
 // each). Embedders choose their own.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::args::Cli::parse();

@@ -123,8 +123,12 @@ struct Described {
 
 impl PluginHost {
     /// Compiles (or reads from the cache), checks imports, calls `describe`.
-    async fn check(&self, origin: &str, bytes: Vec<u8>) -> Result<Checked, LoadError> {
-        let digest_hex = blake3::hash(&bytes).to_hex().to_string();
+    async fn check(
+        &self,
+        origin: &str,
+        bytes: Vec<u8>,
+        digest_hex: String,
+    ) -> Result<Checked, LoadError> {
         let digest = format!("b3:{digest_hex}");
         let engine = self.inner.engine.clone();
         let cache = self.inner.cache.clone();
@@ -380,6 +384,27 @@ impl PluginHost {
         Ok(removed)
     }
 
+    /// The refusal of `component` for the first capability the policy
+    /// does not grant it.
+    fn denied(
+        &self,
+        component: &str,
+        origin: &str,
+        missing: &[poimen_policy::NotGranted],
+    ) -> LoadError {
+        let (capability, hint) = match missing.first() {
+            Some(first) => (first.capability.to_string(), first.hint.clone()),
+            None => ("(unnamed)".to_owned(), String::new()),
+        };
+        LoadError::CapabilityDenied {
+            component: component.to_owned(),
+            origin: origin.to_owned(),
+            capability,
+            policy: self.inner.policy.source().to_string(),
+            hint,
+        }
+    }
+
     /// A component this host withheld before, withheld again from its
     /// kept description without compiling it or running its `describe`
     /// (a start pays nothing for the bundled components its policy does
@@ -387,9 +412,8 @@ impl PluginHost {
     /// in the cache (authenticated, written by this installation, naming
     /// this digest and its world), its name is not reserved against it,
     /// and the policy still denies it.
-    fn withheld_as_before(&self, origin: &str, bytes: &[u8]) -> Option<LoadError> {
-        let digest_hex = blake3::hash(bytes).to_hex().to_string();
-        let kept = self.inner.cache.described(&digest_hex)?;
+    fn withheld_as_before(&self, origin: &str, digest_hex: &str) -> Option<LoadError> {
+        let kept = self.inner.cache.described(digest_hex)?;
         let Described { info, kind, .. } = serde_json::from_slice::<Described>(&kept).ok()?;
         let kind = kind?;
         if info.digest != format!("b3:{digest_hex}") {
@@ -410,15 +434,7 @@ impl PluginHost {
         let missing = policy
             .grant(&info.name, &info.digest, &info.capabilities)
             .err()?;
-        let denied = LoadError::CapabilityDenied {
-            component: info.name.clone(),
-            origin: origin.to_owned(),
-            capability: missing
-                .first()
-                .map_or_else(|| "(unnamed)".to_owned(), |m| m.capability.to_string()),
-            policy: policy.source().to_string(),
-            hint: missing.first().map(|m| m.hint.clone()).unwrap_or_default(),
-        };
+        let denied = self.denied(&info.name, origin, &missing);
         registry.withhold(crate::registry::WithheldEntry {
             info,
             kind,
@@ -439,13 +455,14 @@ impl PluginHost {
         withhold: bool,
         replace: bool,
     ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
+        let digest_hex = blake3::hash(&bytes).to_hex().to_string();
         if withhold
             && !replace
-            && let Some(denied) = self.withheld_as_before(&origin, &bytes)
+            && let Some(denied) = self.withheld_as_before(&origin, &digest_hex)
         {
             return Err(denied);
         }
-        let c = self.check(&origin, bytes).await?;
+        let c = self.check(&origin, bytes, digest_hex).await?;
         let reserved = {
             let registry = self
                 .inner
@@ -470,22 +487,7 @@ impl PluginHost {
         let grants = match policy.grant(&c.info.name, &c.info.digest, &c.info.capabilities) {
             Ok(grants) => grants,
             Err(missing) => {
-                let denied = match missing.first() {
-                    Some(first) => LoadError::CapabilityDenied {
-                        component: c.info.name.clone(),
-                        origin: origin.clone(),
-                        capability: first.capability.to_string(),
-                        policy: policy.source().to_string(),
-                        hint: first.hint.clone(),
-                    },
-                    None => LoadError::CapabilityDenied {
-                        component: c.info.name.clone(),
-                        origin: origin.clone(),
-                        capability: "(unnamed)".to_owned(),
-                        policy: policy.source().to_string(),
-                        hint: String::new(),
-                    },
-                };
+                let denied = self.denied(&c.info.name, &origin, &missing);
                 if !withhold {
                     return Err(denied);
                 }
@@ -562,7 +564,9 @@ impl PluginHost {
 
     /// Describes a component and lists its imports without registering it.
     pub async fn inspect(&self, bytes: impl Into<Vec<u8>>) -> Result<Inspection, LoadError> {
-        let c = self.check("inspected component", bytes.into()).await?;
+        let bytes: Vec<u8> = bytes.into();
+        let digest_hex = blake3::hash(&bytes).to_hex().to_string();
+        let c = self.check("inspected component", bytes, digest_hex).await?;
         // One this host would load is compiled once: its next load hits the
         // cache. One it would refuse leaves nothing behind.
         if self
