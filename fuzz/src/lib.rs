@@ -215,15 +215,19 @@ pub fn check_front_end(data: &[u8], format: Format) -> Option<WorkflowDef> {
             assert!(!e.to_string().is_empty(), "an empty error message");
             serde_json::to_value(&e).expect("a parse error encodes as JSON");
             if let Some(line) = e.line {
-                // JSON breaks lines at `\n`; YAML also at `\r\n` and a lone `\r`.
+                // JSON breaks lines at `\n`; YAML also at `\r\n`, a lone
+                // `\r`, and (as libyaml reads it) NEL U+0085, LS U+2028
+                // and PS U+2029.
+                let yaml = format == Format::Yaml;
                 let lines = data
                     .iter()
                     .enumerate()
                     .filter(|&(i, &b)| {
+                        let before = |k: usize, v: u8| i >= k && data[i - k] == v;
                         b == b'\n'
-                            || (format == Format::Yaml
-                                && b == b'\r'
-                                && data.get(i + 1) != Some(&b'\n'))
+                            || (yaml && b == b'\r' && data.get(i + 1) != Some(&b'\n'))
+                            || (yaml && b == 0x85 && before(1, 0xC2))
+                            || (yaml && (b == 0xA8 || b == 0xA9) && before(1, 0x80) && before(2, 0xE2))
                     })
                     .count()
                     + 1;
