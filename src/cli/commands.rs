@@ -1120,9 +1120,9 @@ async fn serve(
                 .local_addr()
                 .with_context(|| format!("poimen serve: cannot read the address of {addr}"))?;
             eprintln!(
-                "poimen serve: HTTP API on http://{local}/v1{}",
+                "poimen serve: HTTP API on http://{local}/v1 and the console on http://{local}/{}",
                 if config.token.is_some() {
-                    " (bearer token required)"
+                    " (token required)"
                 } else {
                     ""
                 }
@@ -1130,7 +1130,7 @@ async fn serve(
             // Runs started over HTTP go through this host's serving loop
             // (and its `--max-runs`), like runs started by `poimen start`.
             let app =
-                poimen_server::router(std::sync::Arc::new(host.clone()), config.queue_starts(true))
+                poimen_server::app(std::sync::Arc::new(host.clone()), config.queue_starts(true))
                     .layer(axum::middleware::from_fn(crate::telemetry::trace_context));
             let mut stopped = stopped.clone();
             Some(tokio::spawn(async move {

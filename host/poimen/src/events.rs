@@ -297,6 +297,13 @@ impl Store for Observed {
         self.inner.list_runs(filter).await
     }
 
+    async fn count_runs(
+        &self,
+        filter: RunFilter,
+    ) -> StoreResult<Vec<(poimen_store::RunStatus, u64)>> {
+        self.inner.count_runs(filter).await
+    }
+
     async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>> {
         self.inner.children(parent).await
     }

@@ -1070,6 +1070,12 @@ impl Host {
         Ok(self.inner.store().list_runs(filter).await?)
     }
 
+    /// How many runs match `filter` in each status (its `status`, `before`
+    /// and `limit` ignored), in [`RunStatus::ALL`] order.
+    pub async fn count_runs(&self, filter: RunFilter) -> Result<Vec<(RunStatus, u64)>, Error> {
+        Ok(self.inner.store().count_runs(filter).await?)
+    }
+
     /// A run's episode.
     pub async fn episode(&self, run: &RunId) -> Result<Episode, Error> {
         Ok(self.inner.executor().episode(run).await?)

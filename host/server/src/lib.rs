@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 mod auth;
+mod console;
 mod extract;
 mod problem;
 mod routes;
@@ -71,7 +72,16 @@ impl std::fmt::Debug for ServerConfig {
 
 /// The `/v1` API over `host`, ready to serve or to nest in another app.
 pub fn router(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
-    routes::router(host, config)
+    routes::router(host, config, false)
+}
+
+/// The `/v1` API and, at `/`, the operators' web console (runs and their
+/// timelines, judgments, reconciliation, versions, plugins, shadow
+/// reports) over the same host: what `poimen serve --http` serves. The
+/// console requires `config.token` too, when set, through a sign-in form
+/// that keeps it in a same-site cookie.
+pub fn app(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
+    routes::router(host, config, true)
 }
 
 /// The OpenAPI 3.1 document of the API, as served at `/v1/openapi.json`.

@@ -38,8 +38,9 @@ const MAX_DEFINITION_BODY: usize = 2 * poimen::MAX_WORKFLOW_FILE_BYTES as usize;
 /// The most runs one listing returns.
 const MAX_LIST: u32 = 1000;
 
-pub(crate) fn router(host: Shared, config: ServerConfig) -> Router {
+pub(crate) fn router(host: Shared, config: ServerConfig, console: bool) -> Router {
     let queue = config.queue_starts;
+    let shadow = ShadowState::new(host.clone());
     let v1 = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -83,10 +84,14 @@ pub(crate) fn router(host: Shared, config: ServerConfig) -> Router {
         .route("/plugins/{name}", get(show_plugin))
         .route("/metrics", get(metrics))
         .with_state(host.clone())
-        .merge(shadow_routes(host.clone()));
-    let token = Arc::new(config.token);
-    Router::new()
-        .nest("/v1", v1)
+        .merge(shadow_routes(shadow.clone()));
+    let token = Arc::new(config.token.clone());
+    let root = if console {
+        crate::console::router(host.clone(), config.token, shadow)
+    } else {
+        Router::new()
+    };
+    root.nest("/v1", v1)
         // Where Prometheus looks by default; the same as `/v1/metrics`.
         .route("/metrics", get(metrics).with_state(host))
         .fallback(no_route)
@@ -674,6 +679,7 @@ async fn list_runs(
         tenant: q.tenant,
         parent: None,
         limit: Some(q.limit.unwrap_or(50).min(MAX_LIST)),
+        ..RunFilter::default()
     };
     let runs = host.list_runs(filter).await?;
     Ok(axum::Json(
@@ -1274,18 +1280,67 @@ const MAX_SHADOW_WORKERS: usize = 16;
 
 /// The shadow routes' state: the host and the reports evaluated so far.
 #[derive(Clone)]
-struct ShadowState {
+pub(crate) struct ShadowState {
     host: Shared,
     reports: Arc<std::sync::Mutex<std::collections::VecDeque<ShadowView>>>,
     running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-fn shadow_routes(host: Shared) -> Router {
-    let state = ShadowState {
-        host,
-        reports: Arc::default(),
-        running: Arc::default(),
-    };
+impl ShadowState {
+    pub(crate) fn new(host: Shared) -> ShadowState {
+        ShadowState {
+            host,
+            reports: Arc::default(),
+            running: Arc::default(),
+        }
+    }
+
+    /// The kept evaluations, newest first: id, baseline, candidate, status.
+    pub(crate) fn summaries(&self) -> Vec<(String, String, String, &'static str)> {
+        self.reports()
+            .iter()
+            .rev()
+            .map(|v| {
+                let s = ShadowSummary::of(v);
+                let status = match s.status {
+                    ShadowStatus::Running => "running",
+                    ShadowStatus::Finished => "finished",
+                    ShadowStatus::Failed => "failed",
+                };
+                (s.id, s.baseline, s.candidate, status)
+            })
+            .collect()
+    }
+
+    /// The (baseline, candidate) pairs of the kept evaluations.
+    pub(crate) fn compared(&self) -> Vec<(String, String)> {
+        self.summaries()
+            .into_iter()
+            .map(|(_, b, c, _)| (b, c))
+            .collect()
+    }
+
+    /// The HTML report of a kept evaluation (`poimen shadow --html`), or
+    /// why it has none yet; `None` for one not kept.
+    pub(crate) fn report_html(&self, id: &str) -> Option<Result<String, String>> {
+        let reports = self.reports();
+        let v = reports.iter().find(|v| v.id == id)?;
+        Some(match (&v.report, &v.error) {
+            (Some(report), _) => {
+                serde_json::from_value::<poimen::shadow::ShadowReport>(report.clone())
+                    .map(|r| poimen::shadow::render_html(&r))
+                    .map_err(|e| format!("the kept report does not read back ({e})"))
+            }
+            (None, Some(problem)) => Err(format!("it failed: {}", problem.detail)),
+            (None, None) => Err(format!(
+                "it is still running: {} of {} runs replayed",
+                v.done, v.total
+            )),
+        })
+    }
+}
+
+fn shadow_routes(state: ShadowState) -> Router {
     Router::new()
         .route("/shadow", post(start_shadow).get(list_shadows))
         .route("/shadow/{shadow}", get(show_shadow))

@@ -1091,3 +1091,361 @@ async fn a_workflow_with_a_non_idempotent_effect_is_not_shadow_evaluated() {
     assert!(r.text.contains("ledger"), "{}", r.text);
     assert_eq!(api.stored().await, before, "a refused request wrote");
 }
+
+// ----------------------------------------------------------------- console
+
+/// The app `poimen serve --http` serves: the API and the console.
+async fn console_with(token: Option<&str>) -> Api {
+    let mut api = api_with(
+        match token {
+            Some(t) => ServerConfig::with_token(t),
+            None => ServerConfig::open(),
+        },
+        token,
+    )
+    .await;
+    api.app = poimen_server::app(
+        api.host.clone(),
+        match token {
+            Some(t) => ServerConfig::with_token(t),
+            None => ServerConfig::open(),
+        },
+    );
+    api
+}
+
+impl Api {
+    /// Posts a form as a browser of the console's own page would.
+    async fn form(&self, uri: &str, fields: &[(&str, &str)]) -> Reply {
+        let body: Vec<String> = fields
+            .iter()
+            .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+            .collect();
+        self.send(
+            self.request(Method::POST, uri)
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .header(header::HOST, "console.test")
+                .header(header::ORIGIN, "http://console.test")
+                .body(Body::from(body.join("&")))
+                .expect("request"),
+        )
+        .await
+    }
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The value of the first `name="NAME" value="…"` input of a page.
+fn input(html: &str, name: &str) -> String {
+    let at = format!("name=\"{name}\" value=\"");
+    let start = html.find(&at).map(|i| i + at.len()).unwrap_or_else(|| {
+        panic!("no input {name} in:\n{html}");
+    });
+    html[start..]
+        .split('"')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+const FANNED: &str = r#"id: console.fanned
+description: "<script>alert('description')</script>"
+steps:
+  - id: fork
+    parallel:
+      branches: [left, right]
+      join: all
+  - id: left
+    tool: {name: "json@^0.1", args: {value: {said: "<script>alert('left')</script>"}, select: ""}}
+  - id: right
+    tool: {name: "json@^0.1", args: {value: {said: "right"}, select: ""}}
+  - id: after
+    tool: {name: "json@^0.1", args: {value: 1, select: ""}}
+transitions:
+  - {from: fork, to: after}
+output: "{{ steps.fork.output }}"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_runs_draws_lanes_for_branches_and_escapes_what_runs_carry() {
+    let api = console_with(None).await;
+    let version = api.publish(FANNED).await;
+    let run = api
+        .post(
+            "/v1/runs",
+            json!({"workflow": version, "idempotency_key": "k-1"}),
+        )
+        .await
+        .ok(201)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(api.settled(&run).await["status"], "completed");
+
+    let list = api.get("/runs").await;
+    assert_eq!(list.status, 200, "{}", list.text);
+    assert!(list.text.contains(&run), "{}", list.text);
+    assert!(list.text.contains("completed 1"), "counts: {}", list.text);
+    for (query, listed) in [
+        ("/runs?workflow=console.fanned", true),
+        ("/runs?workflow=other", false),
+        ("/runs?status=failed", false),
+        ("/runs?key=k-1", true),
+        ("/runs?key=k-2", false),
+        (&*format!("/runs?version={}", &version[..12]), true),
+        ("/runs?from=2000-01-01&until=2999-01-01T00:00", true),
+        ("/runs?until=2000-01-01", false),
+    ] {
+        let page = api.get(query).await;
+        assert_eq!(page.status, 200, "{query}: {}", page.text);
+        assert_eq!(page.text.contains(&run), listed, "{query}: {}", page.text);
+    }
+    let bad = api.get("/runs?status=sleeping").await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.text.contains("not a run status"), "{}", bad.text);
+
+    let page = api.get(&format!("/runs/{run}")).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    // A lane for the spine and one per branch, each step a bar.
+    for lane in ["main", "fork ▸ left", "fork ▸ right"] {
+        assert!(
+            page.text.contains(&format!("data-lane=\"{lane}\"")),
+            "lane {lane}: {}",
+            page.text
+        );
+    }
+    for step in ["fork", "left", "right", "after"] {
+        assert!(
+            page.text.contains(&format!("data-step=\"{step}\"")),
+            "{step}"
+        );
+    }
+    // What the run carries is text, never markup.
+    assert!(!page.text.contains("<script>alert"), "{}", page.text);
+    assert!(page.text.contains("&lt;script&gt;alert("), "{}", page.text);
+    let shown = api.get(&format!("/versions/{version}")).await;
+    assert_eq!(shown.status, 200, "{}", shown.text);
+    assert!(!shown.text.contains("<script>alert"), "{}", shown.text);
+    assert!(shown.text.contains("&lt;script&gt;"), "{}", shown.text);
+    assert!(
+        shown.text.contains("json@"),
+        "the plan names the tool: {}",
+        shown.text
+    );
+    // Every page renders.
+    for path in [
+        "/workflows",
+        "/workflows/console.fanned",
+        "/plugins",
+        "/judgments",
+        "/shadow",
+    ] {
+        let p = api.get(path).await;
+        assert_eq!(p.status, 200, "{path}: {}", p.text);
+    }
+    let diff = api.get(&format!("/diff?from={version}&to={version}")).await;
+    assert_eq!(diff.status, 200, "{}", diff.text);
+    assert!(diff.text.contains("mean the same"), "{}", diff.text);
+    let css = api.get("/assets/console.css").await;
+    assert_eq!(css.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_forms_need_their_csrf_token_and_a_judgment_is_answered_through_one() {
+    let api = console_with(None).await;
+    let version = api.publish(JUDGED).await;
+    let run = api
+        .post("/v1/runs", json!({"workflow": version}))
+        .await
+        .ok(201)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(api.settled(&run).await["status"], "waiting_judgment");
+    let id = api.get("/v1/judgments").await.ok(200)[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let page = api.get(&format!("/judgments/{id}")).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(
+        page.text.contains("name=\"field.go\""),
+        "a field per property: {}",
+        page.text
+    );
+    let csrf = input(&page.text, "csrf");
+    let hash = input(&page.text, "request_hash");
+    let uri = format!("/judgments/{id}");
+    let events = api.host.episode(&run.parse_run()).await.expect("episode");
+
+    // Without the token, with a wrong one, or from another site: refused.
+    let none = api
+        .form(
+            &uri,
+            &[
+                ("request_hash", &hash),
+                ("field.go", "true"),
+                ("judge", "me"),
+            ],
+        )
+        .await;
+    assert_eq!(none.status, 403, "{}", none.text);
+    let wrong = api
+        .form(
+            &uri,
+            &[
+                ("csrf", "00"),
+                ("request_hash", &hash),
+                ("field.go", "true"),
+                ("judge", "me"),
+            ],
+        )
+        .await;
+    assert_eq!(wrong.status, 403, "{}", wrong.text);
+    let cross = api
+        .send(
+            api.request(Method::POST, &uri)
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .header(header::HOST, "console.test")
+                .header(header::ORIGIN, "https://evil.example")
+                .body(Body::from(format!("csrf={csrf}&field.go=true&judge=me")))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(cross.status, 403, "{}", cross.text);
+
+    // An answer the schema refuses: the page says why, nothing written.
+    let refused = api
+        .form(
+            &uri,
+            &[
+                ("csrf", &csrf),
+                ("request_hash", &hash),
+                ("result_json", r#"{"go": "yes"}"#),
+                ("judge", "me"),
+            ],
+        )
+        .await;
+    assert_eq!(refused.status, 422, "{}", refused.text);
+    assert!(refused.text.contains("id=\"error\""), "{}", refused.text);
+    assert!(refused.text.contains("go"), "{}", refused.text);
+    assert_eq!(
+        api.host.episode(&run.parse_run()).await.expect("episode"),
+        events,
+        "a refused answer writes nothing"
+    );
+
+    // A good one: the run goes on to its end, and the page shows the event.
+    let answered = api
+        .form(
+            &uri,
+            &[
+                ("csrf", &csrf),
+                ("request_hash", &hash),
+                ("field.go", "true"),
+                ("judge", "me"),
+            ],
+        )
+        .await;
+    assert_eq!(answered.status, 303, "{}", answered.text);
+    let to = answered
+        .headers
+        .get(header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .expect("redirect")
+        .to_owned();
+    assert!(to.starts_with(&format!("/runs/{run}?done=")), "{to}");
+    assert_eq!(api.settled(&run).await["status"], "completed");
+    let shown = api.get(to.split('#').next().unwrap_or_default()).await;
+    assert!(shown.text.contains("Recorded: event #"), "{}", shown.text);
+
+    // Cancel asks first; confirmed, it cancels.
+    let run2 = api
+        .post("/v1/runs", json!({"workflow": version}))
+        .await
+        .ok(201)["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(api.settled(&run2).await["status"], "waiting_judgment");
+    let cancel = format!("/runs/{run2}/cancel");
+    let ask = api.form(&cancel, &[("csrf", &csrf)]).await;
+    assert_eq!(ask.status, 200, "{}", ask.text);
+    assert!(ask.text.contains("cannot be undone"), "{}", ask.text);
+    assert_eq!(api.settled(&run2).await["status"], "waiting_judgment");
+    let done = api
+        .form(&cancel, &[("csrf", &csrf), ("confirmed", "yes")])
+        .await;
+    assert_eq!(done.status, 303, "{}", done.text);
+    assert_eq!(api.settled(&run2).await["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_behind_a_token_asks_to_sign_in() {
+    let mut api = console_with(Some("s3cret")).await;
+    // As a browser: no bearer header.
+    api.token = None;
+    let page = api.get("/runs").await;
+    assert_eq!(page.status, 303, "{}", page.text);
+    assert_eq!(
+        page.headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok()),
+        Some("/login?next=%2Fruns")
+    );
+    assert_eq!(api.get("/assets/console.css").await.status, 200);
+    assert_eq!(
+        api.get("/v1/runs").await.status,
+        401,
+        "the API still wants its bearer"
+    );
+    let wrong = api
+        .form("/login", &[("token", "guess"), ("next", "/runs")])
+        .await;
+    assert_eq!(wrong.status, 401, "{}", wrong.text);
+    let signed = api
+        .form(
+            "/login",
+            &[("token", "s3cret"), ("next", "https://evil.example/")],
+        )
+        .await;
+    assert_eq!(signed.status, 303, "{}", signed.text);
+    assert_eq!(
+        signed
+            .headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok()),
+        Some("/runs"),
+        "never to another site"
+    );
+    let cookie = signed
+        .headers
+        .get(header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .expect("cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let with = api
+        .send(
+            Request::builder()
+                .uri("/runs")
+                .header(header::COOKIE, cookie.split(';').next().unwrap_or_default())
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(with.status, 200, "{}", with.text);
+}

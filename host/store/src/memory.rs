@@ -324,23 +324,16 @@ impl Store for MemoryStore {
     async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>> {
         let s = self.lock();
         let limit = filter.limit.map_or(usize::MAX, |l| l as usize);
-        Ok(s.runs
+        // The cursor: runs created before it (an unknown one: none).
+        let end = match &filter.before {
+            None => s.runs.len(),
+            Some(b) => s.runs.iter().position(|r| &r.id == b).unwrap_or(0),
+        };
+        Ok(s.runs[..end]
             .iter()
             .rev()
             .filter(|r| filter.status.is_none_or(|st| r.status == st))
-            .filter(|r| {
-                filter
-                    .workflow_id
-                    .as_ref()
-                    .is_none_or(|w| &r.workflow_id == w)
-            })
-            .filter(|r| filter.tenant.as_ref().is_none_or(|t| &r.tenant == t))
-            .filter(|r| {
-                filter
-                    .parent
-                    .as_ref()
-                    .is_none_or(|p| r.parent.as_ref().is_some_and(|(rp, _)| rp == p))
-            })
+            .filter(|r| filter.admits(r))
             .take(limit)
             .cloned()
             .collect())

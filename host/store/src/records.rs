@@ -321,7 +321,41 @@ pub struct RunFilter {
     /// Runs of this tenant only (`None`: of every tenant).
     pub tenant: Option<String>,
     pub parent: Option<RunId>,
+    /// Runs pinned to this version.
+    pub version: Option<WorkflowVersion>,
+    /// The run created under this idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Runs created at or after this time (ms since the Unix epoch).
+    pub created_from: Option<i64>,
+    /// Runs created before this time (ms since the Unix epoch).
+    pub created_until: Option<i64>,
+    /// A page's cursor: only runs created after this one was (listed
+    /// before it, newest first). An unknown run matches nothing.
+    pub before: Option<RunId>,
     pub limit: Option<u32>,
+}
+
+impl RunFilter {
+    /// Whether `r` passes every field but `status`, `before` and `limit`
+    /// (which need the store's order): the stores' shared test for what
+    /// they filter in memory.
+    pub fn admits(&self, r: &RunRecord) -> bool {
+        self.workflow_id
+            .as_ref()
+            .is_none_or(|w| &r.workflow_id == w)
+            && self.tenant.as_ref().is_none_or(|t| &r.tenant == t)
+            && self
+                .parent
+                .as_ref()
+                .is_none_or(|p| r.parent.as_ref().is_some_and(|(rp, _)| rp == p))
+            && self.version.as_ref().is_none_or(|v| &r.version == v)
+            && self
+                .idempotency_key
+                .as_ref()
+                .is_none_or(|k| r.idempotency_key.as_ref() == Some(k))
+            && self.created_from.is_none_or(|t| r.created_at >= t)
+            && self.created_until.is_none_or(|t| r.created_at < t)
+    }
 }
 
 // ------------------------------------------------------------------ leases

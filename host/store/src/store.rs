@@ -17,7 +17,8 @@ use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
     ArmedRecord, Commit, CreateRun, GcReport, IntentRecord, JudgmentRecord, Lease, NewRun,
-    NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent, VersionRecord,
+    WorkflowSummary,
 };
 
 /// Result of a store operation.
@@ -87,6 +88,30 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Runs matching every set field of `filter`, newest first.
     async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>>;
+
+    /// How many runs match `filter` in each status (statuses with none
+    /// left out), ignoring its `status`, `before` and `limit`: the counts
+    /// beside a listing. The default lists every run; the stores count in
+    /// their indexes.
+    async fn count_runs(&self, filter: RunFilter) -> StoreResult<Vec<(RunStatus, u64)>> {
+        let all = self
+            .list_runs(RunFilter {
+                status: None,
+                before: None,
+                limit: None,
+                ..filter
+            })
+            .await?;
+        let mut counts: Vec<(RunStatus, u64)> = Vec::new();
+        for r in all {
+            match counts.iter_mut().find(|(s, _)| *s == r.status) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((r.status, 1)),
+            }
+        }
+        counts.sort_by_key(|(s, _)| RunStatus::ALL.iter().position(|x| x == s));
+        Ok(counts)
+    }
 
     /// Runs started by `parent` as sub-workflows, oldest first.
     async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>>;

@@ -235,6 +235,7 @@ conformance!(
     run_idempotency_keys,
     run_creation_checks_references,
     runs_are_listed_and_linked,
+    runs_are_filtered_paged_and_counted,
     commit_appends_events_in_order,
     sequence_conflicts_are_detected,
     a_failed_commit_leaves_nothing,
@@ -1227,6 +1228,106 @@ async fn runs_are_listed_and_linked(h: &Harness) {
         .expect("failed");
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].reason.as_deref(), Some("boom"));
+}
+
+async fn runs_are_filtered_paged_and_counted(h: &Harness) {
+    let s = h.s();
+    let a1 = publish(s, "a.flow", "1", None).await;
+    let a2 = publish(s, "a.flow", "2", Some(a1.version)).await;
+    // Runs 1..=6: odd ones on a1, even ones on a2; run 3 under a key.
+    for n in 1..=6u128 {
+        let version = if n % 2 == 1 { a1.version } else { a2.version };
+        let new = NewRun {
+            idempotency_key: (n == 3).then(|| "order-3".to_owned()),
+            ..new_run(n, version, &json!(n as u64))
+        };
+        s.create_run(new).await.expect("run");
+    }
+    let mut failed = Commit::new(run_id(2));
+    failed.run_update = Some(RunUpdate {
+        status: RunStatus::Failed,
+        reason: Some("boom".into()),
+        output_hash: None,
+        updated_at: T0 + 50,
+        wake_at: None,
+    });
+    s.commit(failed).await.expect("fail run 2");
+    let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let list = |f: RunFilter| async move { ids(s.list_runs(f).await.expect("list")) };
+
+    assert_eq!(
+        list(RunFilter {
+            version: Some(a2.version),
+            ..RunFilter::default()
+        })
+        .await,
+        vec![run_id(6), run_id(4), run_id(2)],
+        "by version"
+    );
+    assert_eq!(
+        list(RunFilter {
+            idempotency_key: Some("order-3".into()),
+            ..RunFilter::default()
+        })
+        .await,
+        vec![run_id(3)],
+        "by key"
+    );
+    assert_eq!(
+        list(RunFilter {
+            created_from: Some(T0 + 2),
+            created_until: Some(T0 + 5),
+            ..RunFilter::default()
+        })
+        .await,
+        vec![run_id(4), run_id(3), run_id(2)],
+        "by creation time: from inclusive, until exclusive"
+    );
+    // Paging newest first: each page starts after the last run of the one before.
+    let first = list(RunFilter {
+        limit: Some(4),
+        ..RunFilter::default()
+    })
+    .await;
+    assert_eq!(first, vec![run_id(6), run_id(5), run_id(4), run_id(3)]);
+    let second = list(RunFilter {
+        limit: Some(4),
+        before: first.last().cloned(),
+        ..RunFilter::default()
+    })
+    .await;
+    assert_eq!(second, vec![run_id(2), run_id(1)], "the second page");
+    assert_eq!(
+        list(RunFilter {
+            before: Some(run_id(99)),
+            ..RunFilter::default()
+        })
+        .await,
+        Vec::<RunId>::new(),
+        "an unknown cursor matches nothing"
+    );
+
+    let counts = s
+        .count_runs(RunFilter {
+            status: Some(RunStatus::Completed),
+            limit: Some(1),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("count");
+    assert_eq!(
+        counts,
+        vec![(RunStatus::Queued, 5), (RunStatus::Failed, 1)],
+        "counts ignore status and limit, in status order"
+    );
+    let counts = s
+        .count_runs(RunFilter {
+            version: Some(a2.version),
+            ..RunFilter::default()
+        })
+        .await
+        .expect("count of a2");
+    assert_eq!(counts, vec![(RunStatus::Queued, 2), (RunStatus::Failed, 1)]);
 }
 
 async fn commit_appends_events_in_order(h: &Harness) {
@@ -3342,7 +3443,7 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_is_refused_naming_both_versions() {
-    assert_eq!(SCHEMA_VERSION, 7, "this code writes schema 7");
+    assert_eq!(SCHEMA_VERSION, 8, "this code writes schema 8");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("poimen.db");
     populated_store(&path).await;

@@ -73,7 +73,8 @@ use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
     ArmedRecord, Commit, CreateRun, GcReport, IntentRecord, JudgmentRecord, Lease, NewRun,
-    NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord, WorkflowSummary,
+    NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent, VersionRecord,
+    WorkflowSummary,
 };
 use crate::redact::redact_url;
 use crate::rules;
@@ -267,6 +268,10 @@ impl Store for PostgresStore {
 
     async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>> {
         ops::list_runs(&self.client().await?, &self.ctx, &filter).await
+    }
+
+    async fn count_runs(&self, filter: RunFilter) -> StoreResult<Vec<(RunStatus, u64)>> {
+        ops::count_runs(&self.client().await?, &self.ctx, &filter).await
     }
 
     async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>> {

@@ -522,21 +522,73 @@ pub(crate) async fn run(c: &Object, ctx: &Ctx, id: &RunId) -> Result<Option<RunR
     one_run(c, ctx, "r.id = $1", id.as_str()).await
 }
 
+/// The `WHERE` clause of `f` (but its `limit`), and its parameters: only
+/// the set fields, so the planner picks the index of the one that selects.
+fn run_filter(f: &RunFilter, with_status: bool) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+    let mut clause: Vec<String> = vec!["true".to_owned()];
+    let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+    let mut add = |sql: &str, arg: Box<dyn ToSql + Sync + Send>| {
+        args.push(arg);
+        clause.push(sql.replace('?', &format!("${}", args.len())));
+    };
+    if with_status && let Some(s) = f.status {
+        add("r.status = ?", Box::new(s.as_str()));
+    }
+    if let Some(w) = &f.workflow_id {
+        add("r.workflow_id = ?", Box::new(w.as_str().to_owned()));
+    }
+    if let Some(p) = &f.parent {
+        add("r.parent_run = ?", Box::new(p.as_str().to_owned()));
+    }
+    if let Some(t) = &f.tenant {
+        add("r.tenant = ?", Box::new(t.clone()));
+    }
+    if let Some(v) = &f.version {
+        add("r.version = ?", Box::new(v.to_string()));
+    }
+    if let Some(k) = &f.idempotency_key {
+        add("r.idempotency_key = ?", Box::new(k.clone()));
+    }
+    if let Some(t) = f.created_from {
+        add("r.created_at >= ?", Box::new(t));
+    }
+    if let Some(t) = f.created_until {
+        add("r.created_at < ?", Box::new(t));
+    }
+    if with_status && let Some(b) = &f.before {
+        add(
+            "r.seq < coalesce((SELECT b.seq FROM runs b WHERE b.id = ?), 0)",
+            Box::new(b.as_str().to_owned()),
+        );
+    }
+    (clause.join(" AND "), args)
+}
+
 pub(crate) async fn list_runs(c: &Object, ctx: &Ctx, f: &RunFilter) -> Result<Vec<RunRecord>> {
-    let status = f.status.map(RunStatus::as_str);
-    let workflow = f.workflow_id.as_ref().map(WorkflowId::as_str);
-    let parent = f.parent.as_ref().map(RunId::as_str);
-    let tenant = f.tenant.as_deref();
-    let limit: Option<i64> = f.limit.map(i64::from);
-    runs_where(
-        c,
-        ctx,
-        "($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.workflow_id = $2)
-         AND ($3::text IS NULL OR r.parent_run = $3) AND ($4::text IS NULL OR r.tenant = $4)
-         ORDER BY r.seq DESC LIMIT $5",
-        &[&status, &workflow, &parent, &tenant, &limit],
-    )
-    .await
+    let (clause, mut args) = run_filter(f, true);
+    args.push(Box::new(f.limit.map(i64::from)));
+    let sql = format!("{clause} ORDER BY r.seq DESC LIMIT ${}", args.len());
+    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| &**a as _).collect();
+    runs_where(c, ctx, &sql, &params).await
+}
+
+pub(crate) async fn count_runs(
+    c: &Object,
+    ctx: &Ctx,
+    f: &RunFilter,
+) -> Result<Vec<(RunStatus, u64)>> {
+    let (clause, args) = run_filter(f, false);
+    let sql = format!("SELECT r.status, count(*) FROM runs r WHERE {clause} GROUP BY r.status");
+    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| &**a as _).collect();
+    let mut counts = Vec::new();
+    for row in query(c, ctx, &sql, &params).await? {
+        let s: String = get(ctx, &row, 0)?;
+        let n: i64 = get(ctx, &row, 1)?;
+        let status = RunStatus::parse(&s).ok_or_else(|| bad_value(ctx.p(), "run status", &s))?;
+        counts.push((status, u64::try_from(n).unwrap_or(0)));
+    }
+    counts.sort_by_key(|(s, _)| RunStatus::ALL.iter().position(|x| x == s));
+    Ok(counts)
 }
 
 pub(crate) async fn children(c: &Object, ctx: &Ctx, parent: &RunId) -> Result<Vec<RunRecord>> {

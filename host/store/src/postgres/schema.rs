@@ -41,10 +41,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "retention: gc_runs, gc_blobs, poimen_gc; deletes only of what gc names",
         sql: include_str!("schema_v3.sql"),
     },
+    Migration {
+        version: 4,
+        name: "runs: index runs_by_version",
+        sql: include_str!("schema_v4.sql"),
+    },
 ];
 
 /// The schema version of a PostgreSQL store this code writes and reads.
-pub const PG_SCHEMA_VERSION: u32 = 3;
+pub const PG_SCHEMA_VERSION: u32 = 4;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == PG_SCHEMA_VERSION);
 

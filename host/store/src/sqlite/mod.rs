@@ -43,8 +43,8 @@ use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
     ArmedRecord, Commit, CreateRun, Durability, GcReport, IntentRecord, JudgmentRecord, Lease,
-    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, StoredEvent, VersionRecord,
-    WorkflowSummary,
+    NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus, StoredEvent,
+    VersionRecord, WorkflowSummary,
 };
 use crate::rules;
 use crate::store::{Store, StoreResult};
@@ -480,6 +480,10 @@ impl Store for SqliteStore {
 
     async fn list_runs(&self, filter: RunFilter) -> StoreResult<Vec<RunRecord>> {
         self.read(move |c, p| ops::list_runs(c, p, &filter)).await
+    }
+
+    async fn count_runs(&self, filter: RunFilter) -> StoreResult<Vec<(RunStatus, u64)>> {
+        self.read(move |c, p| ops::count_runs(c, p, &filter)).await
     }
 
     async fn children(&self, parent: &RunId) -> StoreResult<Vec<RunRecord>> {

@@ -491,21 +491,75 @@ pub(crate) fn run(c: &Connection, p: &Path, id: &RunId) -> Result<Option<RunReco
     one_run(c, p, "id = ?1", id.as_str())
 }
 
+/// The `WHERE` clause of `f` (but its `limit`), and its parameters: only
+/// the set fields, so the planner picks the index of the one that selects.
+fn run_filter(f: &RunFilter, with_status: bool) -> (String, Vec<Box<dyn ToSql>>) {
+    let mut clause: Vec<&str> = vec!["1 = 1"];
+    let mut args: Vec<Box<dyn ToSql>> = Vec::new();
+    let mut add = |sql: &'static str, arg: Box<dyn ToSql>| {
+        clause.push(sql);
+        args.push(arg);
+    };
+    if with_status && let Some(s) = f.status {
+        add("status = ?", Box::new(s.as_str()));
+    }
+    if let Some(w) = &f.workflow_id {
+        add("workflow_id = ?", Box::new(w.as_str().to_owned()));
+    }
+    if let Some(p) = &f.parent {
+        add("parent_run = ?", Box::new(p.as_str().to_owned()));
+    }
+    if let Some(t) = &f.tenant {
+        add("tenant = ?", Box::new(t.clone()));
+    }
+    if let Some(v) = &f.version {
+        add("version = ?", Box::new(v.to_string()));
+    }
+    if let Some(k) = &f.idempotency_key {
+        add("idempotency_key = ?", Box::new(k.clone()));
+    }
+    if let Some(t) = f.created_from {
+        add("created_at >= ?", Box::new(t));
+    }
+    if let Some(t) = f.created_until {
+        add("created_at < ?", Box::new(t));
+    }
+    if with_status && let Some(b) = &f.before {
+        add(
+            "seq < coalesce((SELECT seq FROM runs WHERE id = ?), 0)",
+            Box::new(b.as_str().to_owned()),
+        );
+    }
+    (clause.join(" AND "), args)
+}
+
 pub(crate) fn list_runs(c: &Connection, p: &Path, f: &RunFilter) -> Result<Vec<RunRecord>> {
-    let status = f.status.map(RunStatus::as_str);
-    let workflow = f.workflow_id.as_ref().map(WorkflowId::as_str);
-    let parent = f.parent.as_ref().map(RunId::as_str);
-    let tenant = f.tenant.as_deref();
-    let limit: i64 = f.limit.map_or(-1, i64::from);
-    let args: [&dyn ToSql; 5] = [&status, &workflow, &parent, &limit, &tenant];
+    let (clause, mut args) = run_filter(f, true);
+    args.push(Box::new(f.limit.map_or(-1, i64::from)));
     runs_where(
         c,
         p,
-        "(?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow_id = ?2)
-         AND (?3 IS NULL OR parent_run = ?3) AND (?5 IS NULL OR tenant = ?5)
-         ORDER BY seq DESC LIMIT ?4",
-        &args[..],
+        &format!("{clause} ORDER BY seq DESC LIMIT ?"),
+        rusqlite::params_from_iter(args.iter()),
     )
+}
+
+pub(crate) fn count_runs(c: &Connection, p: &Path, f: &RunFilter) -> Result<Vec<(RunStatus, u64)>> {
+    let (clause, args) = run_filter(f, false);
+    let counts = collect(
+        c,
+        p,
+        &format!("SELECT status, count(*) FROM runs WHERE {clause} GROUP BY status"),
+        rusqlite::params_from_iter(args.iter()),
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+        |(s, n)| {
+            let status = RunStatus::parse(&s).ok_or_else(|| bad_value(p, "run status", &s))?;
+            Ok((status, u64::try_from(n).unwrap_or(0)))
+        },
+    )?;
+    let mut counts = counts;
+    counts.sort_by_key(|(s, _)| RunStatus::ALL.iter().position(|x| x == s));
+    Ok(counts)
 }
 
 pub(crate) fn children(c: &Connection, p: &Path, parent: &RunId) -> Result<Vec<RunRecord>> {

@@ -64,10 +64,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "retention: gc_runs, gc_blobs; deletes only of what gc names",
         sql: include_str!("schema_v7.sql"),
     },
+    Migration {
+        version: 8,
+        name: "runs: index runs_by_version",
+        sql: include_str!("schema_v8.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == SCHEMA_VERSION);
 
