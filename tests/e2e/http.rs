@@ -20,7 +20,7 @@ output: "{{ steps.echo.output }}"
 
 /// `poimen serve --http 127.0.0.1:0 --token-file token`; its base URL,
 /// read from the line it logs once it listens.
-fn serve_http(env: &Env, global: &[&str], serve: &[&str]) -> (Served, String) {
+pub(crate) fn serve_http(env: &Env, global: &[&str], serve: &[&str]) -> (Served, String) {
     env.write("token", "e2e-token\n");
     let log = env.path().join("http.log");
     let file = std::fs::File::create(&log).expect("log file");
@@ -59,7 +59,7 @@ fn serve_http(env: &Env, global: &[&str], serve: &[&str]) -> (Served, String) {
 }
 
 /// Publishes a definition over HTTP; its version.
-async fn publish(http: &reqwest::Client, base: &str, definition: &str) -> String {
+pub(crate) async fn publish(http: &reqwest::Client, base: &str, definition: &str) -> String {
     let published: Value = http
         .post(format!("{base}/workflows"))
         .bearer_auth("e2e-token")
@@ -74,7 +74,7 @@ async fn publish(http: &reqwest::Client, base: &str, definition: &str) -> String
 }
 
 /// `GET {base}{path}` with the token, as JSON.
-async fn get_json(http: &reqwest::Client, base: &str, path: &str) -> Value {
+pub(crate) async fn get_json(http: &reqwest::Client, base: &str, path: &str) -> Value {
     http.get(format!("{base}{path}"))
         .bearer_auth("e2e-token")
         .send()
@@ -86,7 +86,7 @@ async fn get_json(http: &reqwest::Client, base: &str, path: &str) -> Value {
 }
 
 /// Run `id` once it has ended (completed, failed or cancelled).
-async fn ended(http: &reqwest::Client, base: &str, id: &str, served: &Served) -> Value {
+pub(crate) async fn ended(http: &reqwest::Client, base: &str, id: &str, served: &Served) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let run = get_json(http, base, &format!("/runs/{id}")).await;

@@ -5,6 +5,7 @@
 
 mod arming;
 mod cli;
+mod console;
 mod crash;
 mod deadlines;
 mod embed;

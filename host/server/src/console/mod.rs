@@ -806,15 +806,25 @@ async fn run_page(
     )
 }
 
-/// Where a run's page shows the last event an action recorded.
-async fn done(c: &Console, id: &RunId) -> Response {
-    let last = c
-        .host
+/// The sequence number of a run's last event, before an action.
+async fn last_seq(c: &Console, id: &RunId) -> Option<u64> {
+    c.host
         .episode(id)
         .await
         .ok()
-        .and_then(|e| e.events.last().map(|e| e.seq));
-    let href = match last {
+        .and_then(|e| e.events.last().map(|e| e.seq))
+}
+
+/// The run's page, pointing at the first event the action recorded (the
+/// first after `before`).
+async fn done(c: &Console, id: &RunId, before: Option<u64>) -> Response {
+    let first = c.host.episode(id).await.ok().and_then(|e| {
+        e.events
+            .iter()
+            .find(|e| before.is_none_or(|b| e.seq > b))
+            .map(|e| e.seq)
+    });
+    let href = match first {
         Some(seq) => format!("/runs/{id}?done={seq}#event-{seq}"),
         None => format!("/runs/{id}"),
     };
@@ -871,8 +881,9 @@ async fn cancel(
             &back,
         );
     }
+    let before = last_seq(&c, &id).await;
     match c.host.cancel(&id).await {
-        Ok(_) => done(&c, &id).await,
+        Ok(_) => done(&c, &id, before).await,
         Err(e) => host_error(&c, e, Some(&back)),
     }
 }
@@ -892,8 +903,9 @@ async fn retry(
     let from = field(&fields, "from")
         .filter(|s| !s.is_empty())
         .map(StepId::from);
+    let before = last_seq(&c, &id).await;
     match c.host.retry(&id, from.as_ref()).await {
-        Ok(_) => done(&c, &id).await,
+        Ok(_) => done(&c, &id, before).await,
         Err(e) => host_error(&c, e, Some(&format!("/runs/{id}"))),
     }
 }
@@ -910,8 +922,9 @@ async fn resume(
         Ok(id) => id,
         Err(e) => return host_error(&c, e.into(), Some("/runs")),
     };
+    let before = last_seq(&c, &id).await;
     match c.host.resume(&id).await {
-        Ok(_) => done(&c, &id).await,
+        Ok(_) => done(&c, &id, before).await,
         Err(e) => host_error(&c, e, Some(&format!("/runs/{id}"))),
     }
 }
@@ -985,8 +998,9 @@ async fn reconcile(
             &back,
         );
     }
+    let before = last_seq(&c, &id).await;
     match c.host.reconcile(&id, &StepId::from(step), decision).await {
-        Ok(_) => done(&c, &id).await,
+        Ok(_) => done(&c, &id, before).await,
         Err(e) => host_error(&c, e, Some(&back)),
     }
 }
@@ -1131,8 +1145,9 @@ async fn answer(
             "via": "console",
         }),
     };
+    let before = last_seq(&c, &j.run).await;
     match c.host.submit_judgment(&id, submission).await {
-        Ok(_) => done(&c, &j.run).await,
+        Ok(_) => done(&c, &j.run, before).await,
         Err(e) => {
             let problem = ApiError::Host(e).problem();
             let mut text = problem.detail;

@@ -223,7 +223,8 @@ pub(crate) fn of(events: &[Recorded], now: i64) -> Timeline {
             .collect();
         let tries = o.attempts.len();
         let mut label = step.clone();
-        if iteration > 0 {
+        // Iterations count from 1: a number only for a loop's re-entries.
+        if iteration > 1 {
             label.push_str(&format!(" #{iteration}"));
         }
         if tries > 1 {

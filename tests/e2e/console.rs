@@ -1,0 +1,435 @@
+//! The web console in a real browser: Debian's chromium, driven over
+//! WebDriver (chromedriver) by fantoccini, against a real `poimen serve
+//! --http` behind a token. Signs in; opens the README workflow's run and a
+//! fan-out's, and checks the timeline has a bar per step and a lane per
+//! branch; shows markup a workflow and a tool carry as text; answers a
+//! waiting judgment through its form (an invalid answer refused with the
+//! schema's error shown, then a valid one that runs the workflow to its
+//! end); reconciles a blocked non-idempotent call; opens a version diff;
+//! and refuses a form posted without its CSRF token. Screenshots of the run
+//! page and the judgment form are saved under
+//! `target/console-artifacts/`.
+//!
+//! chromium and chromedriver must be installed (`.ci/run` installs them):
+//! the test fails, naming them, when they are not.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::crash;
+use crate::http::{ended, publish, serve_http};
+use crate::support::{Env, Served, fixture, repo};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// chromedriver on a free port; killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chromedriver() -> Driver {
+    for tool in [CHROMIUM, CHROMEDRIVER] {
+        assert!(
+            std::path::Path::new(tool).exists(),
+            "{tool} is missing: the console's browser tests need Debian's chromium and chromium-driver \
+             (`apt-get install chromium chromium-driver`; .ci/run installs them)"
+        );
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn chromedriver");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": CHROMIUM,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1400,1000"],
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a chromium session")
+}
+
+fn artifacts() -> PathBuf {
+    let dir = repo().join("target").join("console-artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    dir
+}
+
+async fn screenshot(b: &Client, name: &str) {
+    let png = b.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    std::fs::write(artifacts().join(name), png).expect("write screenshot");
+}
+
+async fn start(http: &reqwest::Client, base: &str, version: &str, input: Value) -> String {
+    let started: Value = http
+        .post(format!("{base}/runs"))
+        .bearer_auth("e2e-token")
+        .json(&json!({"workflow": version, "input": input}))
+        .send()
+        .await
+        .expect("start")
+        .json()
+        .await
+        .expect("JSON");
+    started["id"].as_str().expect("id").to_owned()
+}
+
+async fn status_of(http: &reqwest::Client, base: &str, run: &str) -> String {
+    crate::http::get_json(http, base, &format!("/runs/{run}")).await["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn until_status(http: &reqwest::Client, base: &str, run: &str, want: &str, served: &Served) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = status_of(http, base, run).await;
+        if status == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} is {status}, not {want}\n{}",
+            served.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The text of the first element `css` names, waiting for it to appear
+/// (a click does not wait for the page it loads).
+async fn text(b: &Client, css: &str) -> String {
+    b.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .text()
+        .await
+        .expect("text")
+}
+
+/// Waits until the browser is at `path`.
+async fn at_path(b: &Client, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let url = b.current_url().await.expect("url");
+        if url.path() == path {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {url}, not {path}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn attrs(b: &Client, css: &str, attr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in b.find_all(Locator::Css(css)).await.expect("find_all") {
+        if let Some(v) = e.attr(attr).await.expect("attr") {
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
+    let driver = chromedriver();
+    let env = Env::new();
+    // A run blocked on a non-idempotent call whose outcome is unknown: the
+    // process driving it is killed after the call was dispatched.
+    let wf = crash::setup(
+        &env,
+        &crash::effect_workflow("ledger@^0.1", r#"{entry: {n: "{{ inputs.n }}"}}"#),
+    );
+    let blocked = crash::run_and_kill(&env, &wf, "after_dispatched:2", r#"{"n": 1}"#);
+    crash::recover(&env);
+    let (served, api) = serve_http(&env, &["--policy", "policy.toml"], &[]);
+    let base = api.trim_end_matches("/v1").to_owned();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        assert_eq!(status_of(&http, &api, &blocked).await, "blocked");
+        let readme = std::fs::read_to_string(fixture("examples/text-report.yaml")).expect("readme");
+        let readme_v = publish(&http, &api, &readme).await;
+        let fanned =
+            std::fs::read_to_string(repo().join("fixtures/console/fanned.yaml")).expect("fanned");
+        let fanned_v = publish(&http, &api, &fanned).await;
+        let judged =
+            std::fs::read_to_string(repo().join("fixtures/console/judged.yaml")).expect("judged");
+        let judged_v = publish(&http, &api, &judged).await;
+        let report = start(
+            &http,
+            &api,
+            &readme_v,
+            json!({"text": "Please refund $40 to ana@example.com"}),
+        )
+        .await;
+        let fan = start(&http, &api, &fanned_v, json!({})).await;
+        let waiting = start(&http, &api, &judged_v, json!({})).await;
+        for run in [&report, &fan] {
+            assert_eq!(
+                ended(&http, &api, run, &served).await["status"],
+                "completed"
+            );
+        }
+        until_status(&http, &api, &waiting, "waiting_judgment", &served).await;
+
+        let b = browser(&driver).await;
+        // Behind a token: the console asks to sign in, then goes back.
+        b.goto(&format!("{base}/runs")).await.expect("goto");
+        assert!(
+            b.current_url()
+                .await
+                .expect("url")
+                .path()
+                .starts_with("/login")
+        );
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#login input[name=token]"))
+            .await
+            .expect("token input")
+            .send_keys("e2e-token")
+            .await
+            .expect("type");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#login button"))
+            .await
+            .expect("sign in")
+            .click()
+            .await
+            .expect("click");
+        at_path(&b, "/runs").await;
+        let listed = text(&b, "#runs").await;
+        for run in [&report, &fan, &waiting, &blocked] {
+            assert!(
+                listed.contains(run.as_str()),
+                "{run} in the list:\n{listed}"
+            );
+        }
+
+        // The README workflow's run: a bar per step, a lane per branch.
+        b.goto(&format!("{base}/runs/{report}"))
+            .await
+            .expect("goto");
+        let steps = attrs(&b, "#timeline .bar", "data-step").await;
+        for step in ["scan", "words", "emails", "money", "flag"] {
+            assert!(steps.iter().any(|s| s == step), "{step} in {steps:?}");
+        }
+        let lanes = attrs(&b, "#timeline .lane", "data-lane").await;
+        assert_eq!(
+            lanes,
+            ["main", "scan ▸ words", "scan ▸ emails"],
+            "{lanes:?}"
+        );
+        screenshot(&b, "run-page.png").await;
+
+        // The fan-out: its branches in lanes, and markup shown as text.
+        b.goto(&format!("{base}/runs/{fan}")).await.expect("goto");
+        let lanes = attrs(&b, "#timeline .lane", "data-lane").await;
+        assert_eq!(lanes, ["main", "fork ▸ left", "fork ▸ right"], "{lanes:?}");
+        let output = text(&b, "#output").await;
+        assert!(
+            output.contains("<script>alert('left')</script>"),
+            "{output}"
+        );
+        let scripts = b.find_all(Locator::Css("script")).await.expect("scripts");
+        assert_eq!(scripts.len(), 1, "only the console's own script");
+        b.goto(&format!("{base}/versions/{fanned_v}"))
+            .await
+            .expect("goto");
+        assert_eq!(
+            text(&b, "#description").await,
+            "<script>alert('description')</script>"
+        );
+
+        // The judgment: a wrong answer is refused with the schema's error.
+        b.goto(&format!("{base}/judgments")).await.expect("goto");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#judgments a"))
+            .await
+            .expect("the request")
+            .click()
+            .await
+            .expect("click");
+        let json_box = b
+            .find(Locator::Css("textarea[name=result_json]"))
+            .await
+            .expect("result_json");
+        json_box.send_keys(r#"{"go": "yes"}"#).await.expect("type");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#answer button"))
+            .await
+            .expect("submit")
+            .click()
+            .await
+            .expect("click");
+        let error = text(&b, "#error").await;
+        assert!(
+            error.contains("go"),
+            "the schema error names the field: {error}"
+        );
+        assert_eq!(status_of(&http, &api, &waiting).await, "waiting_judgment");
+        screenshot(&b, "judgment-form.png").await;
+        // A valid one, through the generated fields: the run completes.
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("textarea[name=result_json]"))
+            .await
+            .expect("result_json")
+            .clear()
+            .await
+            .expect("clear");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("select[name='field.go']"))
+            .await
+            .expect("the go field")
+            .select_by_value("true")
+            .await
+            .expect("select");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#answer button"))
+            .await
+            .expect("submit")
+            .click()
+            .await
+            .expect("click");
+        at_path(&b, &format!("/runs/{waiting}")).await;
+        assert!(text(&b, "#notice").await.contains("judgment_received"));
+        until_status(&http, &api, &waiting, "completed", &served).await;
+
+        // Reconcile the blocked call: failed (the ledger has no entry), confirmed.
+        b.goto(&format!("{base}/runs/{blocked}"))
+            .await
+            .expect("goto");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#reconcile input[value=failed]"))
+            .await
+            .expect("failed")
+            .click()
+            .await
+            .expect("click");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#reconcile input[name=reason]"))
+            .await
+            .expect("reason")
+            .send_keys("the ledger has no entry")
+            .await
+            .expect("type");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#reconcile button"))
+            .await
+            .expect("reconcile")
+            .click()
+            .await
+            .expect("click");
+        assert!(text(&b, "main").await.contains("cannot be undone"));
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#confirm button"))
+            .await
+            .expect("confirm")
+            .click()
+            .await
+            .expect("click");
+        until_status(&http, &api, &blocked, "completed", &served).await;
+        at_path(&b, &format!("/runs/{blocked}")).await;
+
+        // A version diff, from the workflow's page.
+        let v2 =
+            std::fs::read_to_string(repo().join("fixtures/console/fanned.v2.yaml")).expect("v2");
+        let published: Value = http
+            .post(format!("{api}/workflows"))
+            .bearer_auth("e2e-token")
+            .json(&json!({"definition": v2, "parent": fanned_v}))
+            .send()
+            .await
+            .expect("publish v2")
+            .json()
+            .await
+            .expect("JSON");
+        assert!(published["version"].is_string(), "{published}");
+        b.goto(&format!("{base}/workflows/console.fanned"))
+            .await
+            .expect("goto");
+        b.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::LinkText("what changed"))
+            .await
+            .expect("diff link")
+            .click()
+            .await
+            .expect("click");
+        let changes = text(&b, "#changes").await;
+        assert!(
+            changes.contains("after"),
+            "the changed step is named: {changes}"
+        );
+        b.close().await.expect("close");
+
+        // A form posted without the CSRF token (as another site would): refused.
+        let forged = http
+            .post(format!("{base}/runs/{fan}/cancel"))
+            .bearer_auth("e2e-token")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("confirmed=yes")
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(forged.status(), 403);
+    });
+    drop(served);
+}
