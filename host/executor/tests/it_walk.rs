@@ -8,6 +8,7 @@
 //! live state is checked against a refold of its stored episode.
 //! (`cargo test -p poimen-executor walk`.)
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -1911,4 +1912,687 @@ async fn walk_a_workflow_called_as_a_tool_is_one_child_run_whose_output_is_the_s
     let children = k.store.children(&out.run).await.expect("children");
     assert_eq!(children.len(), 1, "{children:?}");
     k.check_refold(&out).await;
+}
+
+// ------------------------------------------------------- durable steps
+//
+// Issue 16: a durable tool step costs at most two fsyncs on its critical
+// path in every shape — on the spine, in a fan-out branch, with verifiers,
+// in a sub-workflow's run — counted here structurally: a store that logs
+// each commit (its durability, the events and intents in it) and tools
+// that log each call, in one order.
+//
+// Sync commits (fsyncs) / commits per tool step, before and after the
+// change that gave fan-out branches and verified steps the deferral
+// (`Deferred` in `run/mod.rs`):
+//
+// | shape             | pure, idempotent | non-idempotent |
+// |-------------------|------------------|----------------|
+// | spine             | 2/2 → 2/2        | 2/3 → 2/3      |
+// | fan-out branch    | 2/4 → 2/2        | 2/5 → 2/3      |
+// | with a verifier   | 2/4 → 2/3        | 2/5 → 2/4      |
+// | in a sub-workflow | 2/2 → 2/2        | 2/3 → 2/3      |
+//
+// A non-idempotent tool's `Pending` is a commit of its own, buffered (see
+// `durable_a_spine_tool_step_takes_two_fsyncs`). When verifiers follow a
+// call, its outcome is fsynced before they run (`AfterCall` in
+// `run/attempt.rs`), the verdicts riding with the step's end, buffered.
+
+/// What the counting store and the counting tools saw, in the order it
+/// happened: a store write once it returned, a tool call when it began.
+#[derive(Debug, Clone)]
+enum Logged {
+    /// A `commit` that returned `Ok`.
+    Commit {
+        run: poimen_store::RunId,
+        sync: bool,
+        /// The steps its events and intents name.
+        steps: std::collections::BTreeSet<String>,
+        /// Its events' kinds, with the step each names.
+        events: Vec<(String, Option<String>)>,
+        /// Its intents: step, phase, idempotency key.
+        intents: Vec<(String, IntentPhase, String)>,
+    },
+    /// Another write, durable when it returns (every write but a commit
+    /// is: a run's creation, a blob, a claim, a timer), by its method.
+    Write(&'static str),
+    /// A tool call began, under this idempotency key.
+    Called(String),
+}
+
+type Log = Arc<std::sync::Mutex<Vec<Logged>>>;
+
+fn push(log: &Log, entry: Logged) {
+    log.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+}
+
+/// A store that logs every write it passes on to a [`MemoryStore`]: what
+/// it held, how durable, in the order the writes returned. A commit first
+/// yields to the runtime, as a real store's round trip does, so that a
+/// fan-out's branches interleave their commits.
+#[derive(Debug)]
+struct CountingStore {
+    inner: Arc<MemoryStore>,
+    log: Log,
+}
+
+impl CountingStore {
+    fn wrote<T>(
+        &self,
+        what: &'static str,
+        r: poimen_store::StoreResult<T>,
+    ) -> poimen_store::StoreResult<T> {
+        if r.is_ok() {
+            push(&self.log, Logged::Write(what));
+        }
+        r
+    }
+}
+
+fn step_of(body: &Value) -> Option<String> {
+    body.get("step").and_then(Value::as_str).map(str::to_owned)
+}
+
+#[async_trait::async_trait]
+impl Store for CountingStore {
+    async fn publish_version(
+        &self,
+        new: poimen_store::NewVersion,
+    ) -> poimen_store::StoreResult<poimen_store::PublishOutcome> {
+        let r = self.inner.publish_version(new).await;
+        self.wrote("publish_version", r)
+    }
+    async fn version(
+        &self,
+        version: &WorkflowVersion,
+    ) -> poimen_store::StoreResult<Option<poimen_store::VersionRecord>> {
+        self.inner.version(version).await
+    }
+    async fn resolve_version_prefix(
+        &self,
+        prefix: &VersionPrefix,
+    ) -> poimen_store::StoreResult<WorkflowVersion> {
+        self.inner.resolve_version_prefix(prefix).await
+    }
+    async fn versions_of(
+        &self,
+        workflow: &WorkflowId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::VersionRecord>> {
+        self.inner.versions_of(workflow).await
+    }
+    async fn latest_version(
+        &self,
+        workflow: &WorkflowId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::VersionRecord>> {
+        self.inner.latest_version(workflow).await
+    }
+    async fn workflows(&self) -> poimen_store::StoreResult<Vec<poimen_store::WorkflowSummary>> {
+        self.inner.workflows().await
+    }
+    async fn put_blob(&self, bytes: Vec<u8>) -> poimen_store::StoreResult<poimen_store::BlobHash> {
+        let r = self.inner.put_blob(bytes).await;
+        self.wrote("put_blob", r)
+    }
+    async fn blob(
+        &self,
+        hash: &poimen_store::BlobHash,
+    ) -> poimen_store::StoreResult<Option<Vec<u8>>> {
+        self.inner.blob(hash).await
+    }
+    async fn create_run(
+        &self,
+        new: poimen_store::NewRun,
+    ) -> poimen_store::StoreResult<poimen_store::CreateRun> {
+        let r = self.inner.create_run(new).await;
+        self.wrote("create_run", r)
+    }
+    async fn run(
+        &self,
+        id: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::RunRecord>> {
+        self.inner.run(id).await
+    }
+    async fn list_runs(
+        &self,
+        filter: poimen_store::RunFilter,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
+        self.inner.list_runs(filter).await
+    }
+    async fn children(
+        &self,
+        parent: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
+        self.inner.children(parent).await
+    }
+    async fn commit(&self, commit: poimen_store::Commit) -> poimen_store::StoreResult<()> {
+        let events: Vec<(String, Option<String>)> = commit
+            .events
+            .iter()
+            .map(|e| (e.kind.clone(), step_of(&e.body)))
+            .collect();
+        let intents: Vec<(String, IntentPhase, String)> = commit
+            .intents
+            .iter()
+            .map(|i| (i.step.to_string(), i.phase, i.idempotency_key.clone()))
+            .collect();
+        let steps = events
+            .iter()
+            .filter_map(|(_, s)| s.clone())
+            .chain(intents.iter().map(|(s, _, _)| s.clone()))
+            .collect();
+        let entry = Logged::Commit {
+            run: commit.run.clone(),
+            sync: commit.durability == poimen_store::Durability::Sync,
+            steps,
+            events,
+            intents,
+        };
+        tokio::task::yield_now().await;
+        let r = self.inner.commit(commit).await;
+        if r.is_ok() {
+            push(&self.log, entry);
+        }
+        r
+    }
+    async fn events(
+        &self,
+        run: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
+        self.inner.events(run).await
+    }
+    async fn events_after(
+        &self,
+        run: &poimen_store::RunId,
+        seq: u64,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
+        self.inner.events_after(run, seq).await
+    }
+    async fn intents(
+        &self,
+        run: &poimen_store::RunId,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::IntentRecord>> {
+        self.inner.intents(run).await
+    }
+    async fn judgment(
+        &self,
+        id: &poimen_store::JudgmentId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::JudgmentRecord>> {
+        self.inner.judgment(id).await
+    }
+    async fn open_judgments(&self) -> poimen_store::StoreResult<Vec<poimen_store::JudgmentRecord>> {
+        self.inner.open_judgments().await
+    }
+    async fn claim_run(
+        &self,
+        run: &poimen_store::RunId,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+    ) -> poimen_store::StoreResult<Option<poimen_store::Lease>> {
+        let r = self.inner.claim_run(run, owner, now, ttl_ms).await;
+        self.wrote("claim_run", r)
+    }
+    async fn claim_runnable(
+        &self,
+        owner: &str,
+        now: i64,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> poimen_store::StoreResult<Vec<(poimen_store::RunRecord, poimen_store::Lease)>> {
+        let r = self.inner.claim_runnable(owner, now, ttl_ms, limit).await;
+        self.wrote("claim_runnable", r)
+    }
+    async fn renew_lease(
+        &self,
+        lease: &poimen_store::Lease,
+        now: i64,
+        ttl_ms: i64,
+    ) -> poimen_store::StoreResult<poimen_store::Lease> {
+        let r = self.inner.renew_lease(lease, now, ttl_ms).await;
+        self.wrote("renew_lease", r)
+    }
+    async fn release_lease(&self, lease: &poimen_store::Lease) -> poimen_store::StoreResult<()> {
+        let r = self.inner.release_lease(lease).await;
+        self.wrote("release_lease", r)
+    }
+    async fn runs_owned_by(
+        &self,
+        owner: &str,
+    ) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
+        self.inner.runs_owned_by(owner).await
+    }
+    async fn set_wake(
+        &self,
+        run: &poimen_store::RunId,
+        at: Option<i64>,
+    ) -> poimen_store::StoreResult<()> {
+        let r = self.inner.set_wake(run, at).await;
+        self.wrote("set_wake", r)
+    }
+    async fn next_wake(&self) -> poimen_store::StoreResult<Option<i64>> {
+        self.inner.next_wake().await
+    }
+    async fn arm(
+        &self,
+        workflow: &WorkflowId,
+        version: Option<&WorkflowVersion>,
+        at: i64,
+    ) -> poimen_store::StoreResult<Option<poimen_store::ArmedRecord>> {
+        let r = self.inner.arm(workflow, version, at).await;
+        self.wrote("arm", r)
+    }
+    async fn armed(
+        &self,
+        workflow: &WorkflowId,
+    ) -> poimen_store::StoreResult<Option<poimen_store::ArmedRecord>> {
+        self.inner.armed(workflow).await
+    }
+    async fn set_unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+        deadline: i64,
+        at: i64,
+    ) -> poimen_store::StoreResult<()> {
+        let r = self.inner.set_unload_deadline(version, deadline, at).await;
+        self.wrote("set_unload_deadline", r)
+    }
+    async fn unload_deadline(
+        &self,
+        version: &WorkflowVersion,
+    ) -> poimen_store::StoreResult<Option<i64>> {
+        self.inner.unload_deadline(version).await
+    }
+    async fn in_flight_runs(&self) -> poimen_store::StoreResult<Vec<poimen_store::RunRecord>> {
+        self.inner.in_flight_runs().await
+    }
+    async fn gc(
+        &self,
+        finished_before: i64,
+        dry_run: bool,
+    ) -> poimen_store::StoreResult<poimen_store::GcReport> {
+        let r = self.inner.gc(finished_before, dry_run).await;
+        self.wrote("gc", r)
+    }
+}
+
+/// Tools that log each call's start in the store's log: `pure`,
+/// `idempotent`, `once` (non-idempotent), each echoing its arguments, and
+/// the verifier `nonempty`.
+fn counted_tools(log: &Log) -> ScriptedTools {
+    let mut tools = ScriptedTools::new().verifier("nonempty", |call| Verdict {
+        pass: !call.output.is_null(),
+        score: 1.0,
+        reason: "the output is empty".into(),
+    });
+    for (name, effect) in [
+        ("pure", EffectClass::Pure),
+        ("idempotent", EffectClass::Idempotent),
+        ("once", EffectClass::NonIdempotent),
+    ] {
+        let log = log.clone();
+        tools = tools.tool(name, effect, move |call, _| {
+            push(&log, Logged::Called(call.idempotency_key.clone()));
+            Ok(call.args.clone())
+        });
+    }
+    tools
+}
+
+/// A kernel whose executor writes through a [`CountingStore`].
+fn counted_kernel() -> (Kernel, Log) {
+    let log: Log = Arc::default();
+    let memory = Arc::new(MemoryStore::new());
+    let store = Arc::new(CountingStore {
+        inner: memory.clone(),
+        log: log.clone(),
+    });
+    let tools = Arc::new(counted_tools(&log));
+    let loader = MemoryLoader::new();
+    let clock = ManualClock::auto(1_000_000);
+    let exec = Executor::new(
+        store,
+        tools.clone(),
+        Arc::new(ScriptedProvider::new(vec![Rule::contains("", "ok")])),
+        clock.clone(),
+        loader.clone(),
+        ExecutorConfig::default(),
+    );
+    let k = Kernel {
+        store: memory,
+        tools,
+        clock,
+        loader,
+        exec,
+    };
+    (k, log)
+}
+
+/// What one tool step cost: the store commits naming it, and how many of
+/// them were fsynced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct StepCost {
+    syncs: usize,
+    commits: usize,
+}
+
+fn cost(syncs: usize, commits: usize) -> StepCost {
+    StepCost { syncs, commits }
+}
+
+/// Checks the guarantees of every tool call in `log` and returns what each
+/// call's step cost, by step name:
+///
+/// - every commit carries the records of one step at most (a fan-out
+///   branch's queued records never ride in a sibling's commit);
+/// - the call's `Dispatched` intent is in a `Sync` commit that returned
+///   before the call began, and its `Pending` in that commit or an earlier
+///   one of the run (durable no later than `Dispatched`: a buffered commit
+///   is ordered before the fsync that follows it);
+/// - its outcome (`Committed`/`Failed`) follows the call and is made
+///   durable — by its own commit or a later `Sync` write — before the run
+///   commits anything of another step, or its end;
+/// - no other durable write (a blob, a run, a claim) falls between the
+///   step's first commit and its last: the step's fsyncs are its commits'.
+fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
+    for e in log {
+        if let Logged::Commit { steps, .. } = e {
+            assert!(steps.len() <= 1, "one commit, records of one step: {e:?}");
+        }
+    }
+    let durable = |from: usize| {
+        log[from..]
+            .iter()
+            .position(|e| matches!(e, Logged::Commit { sync: true, .. } | Logged::Write(_)))
+            .map(|n| from + n)
+    };
+    let mut costs = BTreeMap::new();
+    for (called, entry) in log.iter().enumerate() {
+        let Logged::Called(key) = entry else { continue };
+        let with = |phase: IntentPhase| {
+            log.iter().position(|e| match e {
+                Logged::Commit { intents, .. } => {
+                    intents.iter().any(|(_, p, k)| *p == phase && k == key)
+                }
+                _ => false,
+            })
+        };
+        let dispatched = with(IntentPhase::Dispatched).expect("a dispatched intent");
+        let Logged::Commit {
+            run, sync, intents, ..
+        } = &log[dispatched]
+        else {
+            unreachable!("`with` finds commits only")
+        };
+        let step = intents
+            .iter()
+            .find(|(_, _, k)| k == key)
+            .map(|(s, _, _)| s.clone())
+            .expect("the intent's step");
+        assert!(*sync, "`{step}`: its `Dispatched` is fsynced");
+        assert!(
+            dispatched < called,
+            "`{step}`: `Dispatched` is durable before the call"
+        );
+        let pending = with(IntentPhase::Pending).expect("a pending intent");
+        assert!(pending <= dispatched, "`{step}`: `Pending` first");
+        let outcome = with(IntentPhase::Committed)
+            .or_else(|| with(IntentPhase::Failed))
+            .expect("an outcome");
+        assert!(outcome > called, "`{step}`: the outcome follows the call");
+        let durable_at = durable(outcome).expect("the outcome is made durable");
+        // The run's next commit that is not about this step: another
+        // step's records, or the run's end.
+        let moves_on = log[outcome + 1..].iter().position(|e| match e {
+            Logged::Commit {
+                run: r,
+                steps,
+                events,
+                ..
+            } => {
+                r == run
+                    && (steps.iter().any(|s| *s != step)
+                        || events.iter().any(|(k, _)| k.starts_with("run_")))
+            }
+            _ => false,
+        });
+        if let Some(n) = moves_on {
+            assert!(
+                durable_at <= outcome + n,
+                "`{step}`: its outcome (entry {outcome}) is durable (at {durable_at}) before the run moves on (entry {})",
+                outcome + 1 + n
+            );
+        }
+        let mine: Vec<(usize, bool)> = log
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| match e {
+                Logged::Commit {
+                    run: r,
+                    sync,
+                    steps,
+                    ..
+                } if r == run && steps.contains(&step) => Some((i, *sync)),
+                _ => None,
+            })
+            .collect();
+        if let (Some((first, _)), Some((last, _))) = (mine.first(), mine.last()) {
+            let other: Vec<&str> = log[*first..*last]
+                .iter()
+                .filter_map(|e| match e {
+                    Logged::Write(what) => Some(*what),
+                    _ => None,
+                })
+                .collect();
+            assert!(other.is_empty(), "`{step}`: other fsyncs {other:?}");
+        }
+        costs.insert(
+            step,
+            StepCost {
+                syncs: mine.iter().filter(|(_, s)| *s).count(),
+                commits: mine.len(),
+            },
+        );
+    }
+    costs
+}
+
+/// Runs `def` (with `child` added first, if any) on a counted kernel to
+/// completion and returns the log.
+async fn counted_log(def: &WorkflowDef, child: Option<&WorkflowDef>) -> Vec<Logged> {
+    let (k, log) = counted_kernel();
+    if let Some(c) = child {
+        k.add(c);
+    }
+    let out = k.run(def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Runs `def` and checks each tool step named in `expect` cost exactly
+/// that (never more than two fsyncs).
+async fn assert_costs(
+    def: &WorkflowDef,
+    child: Option<&WorkflowDef>,
+    expect: &[(&str, StepCost)],
+) -> Vec<Logged> {
+    let log = counted_log(def, child).await;
+    let costs = step_costs(&log);
+    for (step, want) in expect {
+        let got = costs
+            .get(*step)
+            .unwrap_or_else(|| panic!("{}: no tool call of `{step}`", def.id));
+        assert!(got.syncs <= 2, "{}: `{step}` fsyncs {got:?}", def.id);
+        assert_eq!(got, want, "{}: `{step}`\n{log:#?}", def.id);
+    }
+    log
+}
+
+/// The costs each tool class is expected to come to: (pure and idempotent,
+/// non-idempotent).
+const TOOLS: [(&str, bool); 3] = [("pure", true), ("idempotent", true), ("once", false)];
+
+/// Two tool steps of `tool` one after the other (so the first's outcome
+/// must be durable before the second starts).
+fn spine_of(tool: &str) -> WorkflowDef {
+    WorkflowDef::new("t.spine")
+        .with_step(StepDef::tool("a", r(tool), json!({"x": 1})))
+        .with_step(StepDef::tool("b", r(tool), json!({"x": 2})))
+        .with_edge("a", "b")
+}
+
+#[tokio::test]
+async fn durable_a_spine_tool_step_takes_two_fsyncs() {
+    // Pure or idempotent: start + `Pending` + `Dispatched` in one fsynced
+    // commit, `tool_called` + outcome + the step's end in the next.
+    //
+    // Non-idempotent: the intent protocol (DESIGN.md, "The intent
+    // protocol") wants `Pending` durable before `Dispatched`, so that a
+    // crash between them leaves a call known not to have been made, which
+    // recovery makes rather than blocking the run as `outcome_unknown`.
+    // `Pending` is a commit of its own, buffered: the store writes in
+    // order, so `Dispatched`'s fsync makes `Pending` durable first, and no
+    // crash — of the process or of the machine — leaves `Dispatched`
+    // without it. Three commits, two of them fsyncs.
+    for (tool, repeatable) in TOOLS {
+        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+        assert_costs(&spine_of(tool), None, &[("a", c), ("b", c)]).await;
+    }
+}
+
+#[tokio::test]
+async fn durable_a_tool_step_in_each_branch_of_a_fanout_takes_two_fsyncs() {
+    // Each branch is a lane of its own: its start rides with its own
+    // `Dispatched`, its outcome with its own end (2 fsyncs, 2 commits; the
+    // non-idempotent `Pending` a buffered commit more). The commits of the
+    // branches interleave, and none carries another branch's records
+    // (`step_costs`).
+    for (tool, repeatable) in TOOLS {
+        let def = WorkflowDef::new("t.fan")
+            .with_step(StepDef::parallel("fan", ["left", "mid", "right"]))
+            .with_step(StepDef::tool("left", r(tool), json!("L")))
+            .with_step(StepDef::tool("mid", r(tool), json!("M")))
+            .with_step(StepDef::tool("right", r(tool), json!("R")))
+            .with_step(StepDef::tool("after", r(tool), json!("A")))
+            .with_edge("fan", "after");
+        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+        let log = assert_costs(
+            &def,
+            None,
+            &[("left", c), ("mid", c), ("right", c), ("after", c)],
+        )
+        .await;
+        // The branches ran concurrently: some branch committed between
+        // another's first and last commit.
+        let of = |step: &str| -> Vec<usize> {
+            log.iter()
+                .enumerate()
+                .filter(|(_, e)| matches!(e, Logged::Commit { steps, .. } if steps.contains(step)))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let spans: Vec<(usize, usize)> = ["left", "mid", "right"]
+            .iter()
+            .map(|b| {
+                let at = of(b);
+                (at[0], at[at.len() - 1])
+            })
+            .collect();
+        let overlap = spans.iter().enumerate().any(|(i, (f, l))| {
+            spans
+                .iter()
+                .enumerate()
+                .any(|(j, (f2, l2))| i != j && f2 < l && f < l2)
+        });
+        assert!(overlap, "{tool}: the branches interleave: {spans:?}");
+    }
+}
+
+#[tokio::test]
+async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
+    // The call's outcome is fsynced on its own before the verifier runs
+    // (a crash while it runs must not cost the call), and the verdicts
+    // ride with the step's end, buffered: 2 fsyncs, 3 commits (4 with a
+    // non-idempotent tool's own `Pending`).
+    for (tool, repeatable) in TOOLS {
+        let verified = |id: &str| {
+            StepDef::tool(id, r(tool), json!({"x": 1})).with_verifier(r("nonempty"), Value::Null)
+        };
+        let def = WorkflowDef::new("t.verified")
+            .with_step(verified("a"))
+            .with_step(verified("b"))
+            .with_edge("a", "b");
+        let c = if repeatable { cost(2, 3) } else { cost(2, 4) };
+        assert_costs(&def, None, &[("a", c), ("b", c)]).await;
+    }
+}
+
+#[tokio::test]
+async fn durable_a_tool_step_in_a_sub_workflow_takes_two_fsyncs() {
+    // The child run's tool steps are its spine's: they cost what a spine
+    // step costs, and so does the parent's step after the child's.
+    for (tool, repeatable) in TOOLS {
+        let child = WorkflowDef::new("t.inner")
+            .with_step(StepDef::tool("c", r(tool), json!({"x": 1})))
+            .with_step(StepDef::tool("d", r(tool), json!({"x": 2})))
+            .with_edge("c", "d");
+        let parent = WorkflowDef::new("t.outer")
+            .with_step(StepDef::sub_workflow("call", "t.inner"))
+            .with_step(StepDef::tool("after", r(tool), json!({"x": 3})))
+            .with_edge("call", "after");
+        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+        assert_costs(&parent, Some(&child), &[("c", c), ("d", c), ("after", c)]).await;
+    }
+}
+
+#[tokio::test]
+async fn durable_a_fanout_holds_the_step_limit_with_its_starts_queued() {
+    // Branch starts are queued in their lanes until their first commit:
+    // the step limit counts them there, so three branches under a limit of
+    // three executions (the fan-out's own, and two) start two.
+    let (k, _log) = counted_kernel();
+    let def = WorkflowDef::new("t.limited")
+        .with_step(StepDef::parallel("fan", ["left", "mid", "right"]))
+        .with_step(StepDef::tool("left", r("pure"), json!("L")))
+        .with_step(StepDef::tool("mid", r("pure"), json!("M")))
+        .with_step(StepDef::tool("right", r("pure"), json!("R")))
+        .with_limits(Limits {
+            steps: Some(3),
+            ..Limits::default()
+        });
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(reason.contains("its limit is 3"), "{reason}");
+    assert_eq!(out.state.spent.step_executions, 3, "{:?}", out.state.spent);
+    assert!(k.tools.calls().len() <= 2, "{:?}", k.tools.calls());
+}
+
+#[tokio::test]
+async fn durable_a_branch_that_halts_commits_what_its_lane_queued() {
+    // The tool-call budget stops every branch after its start was queued
+    // and before its intent: each branch's own lane commits its start (as
+    // the run's failure carries a spine step's), and the episode refolds to
+    // the live state (`Kernel::run`).
+    let (k, log) = counted_kernel();
+    let def = WorkflowDef::new("t.spent")
+        .with_step(StepDef::parallel("fan", ["left", "right"]))
+        .with_step(StepDef::tool("left", r("pure"), json!("L")))
+        .with_step(StepDef::tool("right", r("pure"), json!("R")))
+        .with_budget(BudgetDef {
+            tool_calls: Some(0),
+            ..BudgetDef::default()
+        });
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Failed);
+    assert!(k.tools.calls().is_empty());
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for branch in ["left", "right"] {
+        let started = log.iter().any(|e| match e {
+            Logged::Commit { steps, events, .. } => {
+                steps.contains(branch) && events.iter().any(|(k, _)| k == "step_started")
+            }
+            _ => false,
+        });
+        assert!(started, "`{branch}`: its start is committed\n{log:#?}");
+    }
 }

@@ -1795,8 +1795,9 @@ async fn interpreter_durable_tool_step_makes_two_commits_both_fsynced() {
     // The commit budget of a durable step of a pure tool, held
     // structurally: its start rides with `Pending` and `Dispatched` in one
     // commit, fsynced before the guest runs, and the call's outcome is
-    // fsynced with the step's end — before the run moves on. A step with verifiers commits its outcome
-    // at once (the verifiers may take long).
+    // fsynced with the step's end — before the run moves on. A step with
+    // verifiers commits its outcome at once (the verifiers may take long),
+    // and its verdicts ride with its end.
     let (h, noting) = noting_harness(vec![]).await;
     let step = |id: &str| {
         StepDef::tool(
@@ -1855,7 +1856,7 @@ async fn interpreter_durable_tool_step_makes_two_commits_both_fsynced() {
         "{b:#?}"
     );
     let c = of("c");
-    assert_eq!(c.len(), 4, "{c:#?}");
+    assert_eq!(c.len(), 3, "{c:#?}");
     assert_eq!(
         c[1],
         CommitShape {
@@ -1865,7 +1866,15 @@ async fn interpreter_durable_tool_step_makes_two_commits_both_fsynced() {
         },
         "{c:#?}"
     );
-    assert_eq!(c[2].events, vec![ev("verified", "c")], "{c:#?}");
+    assert_eq!(
+        c[2].events,
+        vec![
+            ev("verified", "c"),
+            ev("attempt_finished", "c"),
+            ev("step_finished", "c"),
+        ],
+        "{c:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,22 @@ pub(crate) struct AttemptId {
     pub attempt: u32,
 }
 
+/// What follows a tool call in its step: it decides whether the call's
+/// outcome is queued for the step's end (one commit fewer) or committed on
+/// its own, fsynced, before anything else happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterCall {
+    /// The step's end, at once: the outcome rides with it.
+    End,
+    /// Verifiers or a rubric, then the step's end: the outcome is fsynced
+    /// first. Verifiers may take long, and a crash while they run must not
+    /// cost the call — a re-dispatch under the same key, or, for a
+    /// non-idempotent tool, a run blocked as `outcome_unknown`. Their
+    /// verdicts ride with the step's end instead (`verify`): still two
+    /// fsyncs.
+    Verification,
+}
+
 impl RunCtx {
     /// Executes (or resumes) one step execution: its attempts, verifiers,
     /// retries, and its state write. Never returns [`StepEnd::Cancelled`]:
@@ -64,15 +80,6 @@ impl RunCtx {
                 if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
                     (st.iteration, st.attempt)
                 } else {
-                    if let Some(max) = self.runnable.def.limits.steps
-                        && snap.spent.step_executions >= u64::from(max)
-                    {
-                        return Err(Halt::Fail(RunFailure::StepLimit {
-                            step: id,
-                            executed: snap.spent.step_executions,
-                            limit: max,
-                        }));
-                    }
                     let iteration = st.iteration + 1;
                     let start = vec![
                         EpisodeEvent::StepStarted {
@@ -87,14 +94,28 @@ impl RunCtx {
                             attempt: 1,
                         },
                     ];
-                    // A top-level tool or model step's start is committed with
-                    // its intent (`Pending`, `ModelRequested`): one store commit
-                    // fewer per step. (Not inside a
-                    // fan-out, where the step limit counts starts as they happen.)
-                    if matches!(def.kind, StepKind::Tool(_) | StepKind::Model(_)) && owner.is_none()
-                    {
-                        self.defer(start);
+                    let limit = self.runnable.def.limits.steps;
+                    let reached = |(executed, limit): (u64, u32)| {
+                        Halt::Fail(RunFailure::StepLimit {
+                            step: id.clone(),
+                            executed,
+                            limit,
+                        })
+                    };
+                    // A tool or model step's start is committed with its
+                    // intent (`Pending`, `ModelRequested`): one store commit
+                    // fewer per step — on the spine and in a fan-out branch
+                    // alike, each in its own lane (see `Deferred`). The step
+                    // limit counts the starts queued in every lane.
+                    if matches!(def.kind, StepKind::Tool(_) | StepKind::Model(_)) {
+                        self.defer_start(start, limit).await.map_err(reached)?;
                     } else {
+                        let executed = snap.spent.step_executions + self.queued_starts();
+                        if let Some(max) = limit
+                            && executed >= u64::from(max)
+                        {
+                            return Err(reached((executed, max)));
+                        }
                         self.record(start).await?;
                     }
                     (iteration, 1)
@@ -109,12 +130,11 @@ impl RunCtx {
                 .await?;
             }
             loop {
-                let spine = owner.is_none();
                 let at = AttemptId { iteration, attempt };
                 let span = tracing::info_span!("attempt", iteration, attempt);
                 let mut end = self
                     .clone()
-                    .attempt(&def, at, spine, &scope)
+                    .attempt(&def, at, &scope)
                     .instrument(span)
                     .await?;
                 // Writes of parallel branches are applied by the join, in
@@ -356,12 +376,10 @@ impl RunCtx {
     }
 
     /// One attempt: the kind's work, then the verifiers.
-    /// `spine`: the step is on the run's serial spine (not a fan-out branch).
     async fn attempt(
         self: Arc<Self>,
         def: &StepDef,
         at: AttemptId,
-        spine: bool,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
         let snap = self.snapshot().await;
@@ -437,19 +455,24 @@ impl RunCtx {
                 (args, end)
             }
             StepKind::Tool(t) => {
-                // With no verifiers, the step's end follows the call at
-                // once: the call's outcome can ride with it.
-                let defer = spine && def.verify.is_empty();
+                // What follows the call decides whether its outcome may
+                // ride with the step's end (`call_tool`).
+                let after = if def.verify.is_empty() && def.rubric.criteria.is_empty() {
+                    AfterCall::End
+                } else {
+                    AfterCall::Verification
+                };
                 let _worker = match self.worker(scope).await {
                     Ok(w) => w,
                     Err(stop) => return Ok(stop.into()),
                 };
-                self.clone().tool_attempt(def, t, at, defer, scope).await?
+                self.clone().tool_attempt(def, t, at, after, scope).await?
             }
             StepKind::Model(m) => {
                 // As for a tool: with no verifiers the answer rides with
-                // the step's end, the commit that first uses it.
-                let defer = spine && def.verify.is_empty();
+                // the step's end, the commit that first uses it (in any
+                // lane: see `Deferred`).
+                let defer = def.verify.is_empty();
                 let _worker = match self.worker(scope).await {
                     Ok(w) => w,
                     Err(stop) => return Ok(stop.into()),
@@ -528,13 +551,13 @@ impl RunCtx {
                     Scored::Verdict(v) => v,
                     Scored::Stopped(stop) => return Ok(stop.into()),
                 };
-                self.record(vec![EpisodeEvent::RubricScored {
+                // Queued for the attempt's end, as verdicts are (`verify`).
+                self.defer(vec![EpisodeEvent::RubricScored {
                     step: Some(def.id.clone()),
                     iteration: Some(at.iteration),
                     attempt: Some(at.attempt),
                     verdict: v.clone(),
-                }])
-                .await?;
+                }]);
                 v
             }
         };
@@ -602,13 +625,16 @@ impl RunCtx {
                     Ok(v) => v,
                     Err(stop) => return Ok(stop.into()),
                 };
-                self.record(vec![EpisodeEvent::Verified {
+                // Queued for the attempt's end, the next commit of this
+                // lane: verdicts have no effect outside the run, and a
+                // crash before that commit only takes them again (the
+                // call's outcome they judged is durable: `AfterCall`).
+                self.defer(vec![EpisodeEvent::Verified {
                     step: def.id.clone(),
                     iteration: at.iteration,
                     attempt: at.attempt,
                     verdicts: verdicts.clone(),
-                }])
-                .await?;
+                }]);
                 verdicts
             }
         };

@@ -1,21 +1,28 @@
 //! The write-ahead intent wrapper: the only path from a run to a tool.
 //!
-//! `Pending` (buffered), `Dispatched` (durable before the guest is called),
-//! the call, then `Committed` or `Failed` with the `tool_called` event
-//! (durable before the run moves on). For a pure or idempotent tool
-//! `Pending` and `Dispatched` share one durable commit: recovery treats the
-//! two alike for such a tool (it dispatches again under the same key), so
-//! only a non-idempotent call pays for the distinction. On resume the recorded phases decide:
-//! a committed call is replayed, a dispatched one is re-dispatched with the
-//! same idempotency key when the tool is pure or idempotent, and blocks the
-//! run as `outcome_unknown` otherwise.
+//! `Pending`, `Dispatched` (durable before the guest is called), the call,
+//! then `Committed` or `Failed` with the `tool_called` event (durable before
+//! the run moves on). For a pure or idempotent tool `Pending` and
+//! `Dispatched` share one durable commit: recovery treats the two alike for
+//! such a tool (it dispatches again under the same key), so only a
+//! non-idempotent call pays for the distinction — its `Pending` is a
+//! buffered commit of its own, which the store writes ahead of
+//! `Dispatched`'s fsync, so both are durable before the call and no crash
+//! leaves `Dispatched` without `Pending`. On resume the recorded phases
+//! decide: a committed call is replayed, a dispatched one is re-dispatched
+//! with the same idempotency key when the tool is pure or idempotent, and
+//! blocks the run as `outcome_unknown` otherwise.
+//!
+//! The step's start rides with its first intent commit and the outcome
+//! with the step's end (see `Deferred` in `mod.rs`): two fsyncs per step
+//! in every lane.
 
 use poimen_store::{IntentPhase, IntentRecord, RunStatus};
 use poimen_workflow::{EffectClass, StepDef, ToolRef};
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::attempt::AttemptId;
+use super::attempt::{AfterCall, AttemptId};
 use super::{Batch, Halt, Inconsistency, RunCtx, RunFailure, StatusChange, StepEnd};
 use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass, ToolCall};
@@ -26,15 +33,15 @@ use crate::scope::{RunScope, Stop};
 impl RunCtx {
     /// Calls a tool through the intent protocol (see the module docs).
     ///
-    /// With `defer_outcome` the outcome is queued for the step's end commit
-    /// (fsynced), which follows at once (see `Deferred`).
+    /// The outcome is queued for the step's end commit (fsynced) when
+    /// `after` allows it (see [`AfterCall`] and `Deferred`).
     pub(super) async fn call_tool(
         &self,
         def: &StepDef,
         tool: &ToolRef,
         args: Value,
         at: AttemptId,
-        defer_outcome: bool,
+        after: AfterCall,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
         let AttemptId { iteration, attempt } = at;
@@ -254,7 +261,7 @@ impl RunCtx {
             outcome.clone(),
         )];
         let closed = vec![intent(phase, output_hash, error, Some(result.record))];
-        if defer_outcome {
+        if after == AfterCall::End {
             self.defer_outcome(events, closed, Vec::new(), "after_committed");
         } else {
             self.commit(Batch::intents(events, closed)).await?;

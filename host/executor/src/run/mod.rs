@@ -391,26 +391,42 @@ pub(crate) struct RunCtx {
     state: tokio::sync::Mutex<RunState>,
     /// Intent phases recorded per (step, iteration, attempt).
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
-    /// Records the next commit carries ahead of its own (see [`Deferred`]).
-    deferred: std::sync::Mutex<Deferred>,
+    /// Records the next commit of each lane carries ahead of its own (see
+    /// [`Deferred`] and [`Lane`]).
+    deferred: std::sync::Mutex<BTreeMap<Lane, Deferred>>,
     /// The starter's trace context, for the run's span.
     pub trace: Option<crate::kernel::TraceCarrier>,
 }
 
-/// Records queued for the run's next commit, which carries them ahead of its
-/// own. On the serial spine (never inside a fan-out, whose branches commit
-/// concurrently) a top-level tool step's start rides with its first intent
-/// commit, and its `Committed`/`Failed` intent with the step's end: a
-/// durable step of a pure or idempotent tool costs two store commits, both
-/// fsynced (start + `Pending` + `Dispatched`; `tool_called` + outcome); a
-/// non-idempotent tool's `Pending` is a commit of its own.
+/// Records queued for the next commit of their lane, which carries them
+/// ahead of its own. A tool step's start rides with its first intent commit,
+/// and its `Committed`/`Failed` intent with the step's end: a durable step of
+/// a pure or idempotent tool costs two store commits, both fsynced (start +
+/// `Pending` + `Dispatched`; `tool_called` + outcome + the step's end), on
+/// the spine and in a fan-out branch alike. A non-idempotent tool's
+/// `Pending` is a buffered commit of its own (see `intent.rs`); a verified
+/// step's outcome is fsynced on its own before its verifiers run, and their
+/// verdicts (and a rubric's scores) ride with the step's end, buffered.
+/// Every shape: two fsyncs per tool step.
 ///
 /// Nothing queued is applied until that commit, so a crash before it leaves
 /// no trace of it — as if it never happened. For a start that is true:
 /// nothing but it happened. For a tool call's outcome the recorded
 /// `Dispatched` intent stands for it, which recovery treats as it treats a
 /// crash just after the call (re-dispatch under the same idempotency key, or
-/// `outcome_unknown` for a non-idempotent tool).
+/// `outcome_unknown` for a non-idempotent tool) — which is why an outcome is
+/// queued only when the step's end follows the call at once (`AfterCall`).
+/// Verdicts and rubric scores have no effect outside the run: lost, they
+/// are taken again.
+///
+/// Deferral is sound only if the commit that carries a record is the next
+/// write of the flow that queued it, and fails *that* flow if it fails.
+/// Hence the queues are per [`Lane`]: a fan-out's branches commit
+/// concurrently, each from its own task, and a branch's commit carries its
+/// own lane's records only. One branch's records never ride in another's
+/// commit — whose failure the first would not see, and whose fsync the
+/// first's guarantees would then hang on — and a branch's `Dispatched` is
+/// durable in its own commit, which returns before its own call.
 #[derive(Debug, Default)]
 struct Deferred {
     events: Vec<EpisodeEvent>,
@@ -422,6 +438,39 @@ struct Deferred {
     sync: bool,
     /// Crash-injection points reached once the carrying commit returns.
     crash_after: Vec<&'static str>,
+}
+
+/// A serial flow of a run's commits: the spine (the walk, and whatever it
+/// awaits in its own task), or one branch of a fan-out (its branch task,
+/// and the steps it contains). Within a lane commits are made one after
+/// another, so the next commit of the lane that queued a record is the one
+/// that carries it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Lane {
+    Spine,
+    /// The branch task of this branch step.
+    Branch(StepId),
+}
+
+tokio::task_local! {
+    /// The lane the current task's commits belong to: set by the walk
+    /// ([`RunCtx::drive`]) and by each branch task of a fan-out. A task that
+    /// sets none (nothing of a run's walk) is on the spine.
+    pub(crate) static LANE: Lane;
+}
+
+/// The starts of steps queued in `lanes`.
+fn queued_starts(lanes: &BTreeMap<Lane, Deferred>) -> u64 {
+    lanes
+        .values()
+        .flat_map(|d| &d.events)
+        .filter(|e| matches!(e, EpisodeEvent::StepStarted { .. }))
+        .count() as u64
+}
+
+/// The lane of the current task.
+fn lane() -> Lane {
+    LANE.try_with(Lane::clone).unwrap_or(Lane::Spine)
 }
 
 impl std::fmt::Debug for RunCtx {
@@ -466,22 +515,58 @@ impl RunCtx {
             tenure: at.tenure,
             state: tokio::sync::Mutex::new(state),
             intents: std::sync::Mutex::new(phases),
-            deferred: std::sync::Mutex::new(Deferred::default()),
+            deferred: std::sync::Mutex::new(BTreeMap::new()),
         })
     }
 
-    fn deferred(&self) -> std::sync::MutexGuard<'_, Deferred> {
+    fn deferred(&self) -> std::sync::MutexGuard<'_, BTreeMap<Lane, Deferred>> {
         self.deferred.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues events for the next commit (see [`Deferred`]).
+    /// Queues events for the next commit of this task's lane (see
+    /// [`Deferred`]).
     fn defer(&self, events: Vec<EpisodeEvent>) {
-        self.deferred().events.extend(events);
+        self.deferred()
+            .entry(lane())
+            .or_default()
+            .events
+            .extend(events);
+    }
+
+    /// Queues a step's start (its `step_started` event first) for the next
+    /// commit of this task's lane, unless the run's step limit is reached:
+    /// then nothing is queued. The count takes in the
+    /// starts still queued in every lane, and is taken under the state's
+    /// lock (which every commit holds while it moves queued records into
+    /// the state), so concurrent branches neither overrun the limit nor
+    /// count a start twice. `Err((executed, limit))` when it is reached.
+    async fn defer_start(
+        &self,
+        events: Vec<EpisodeEvent>,
+        limit: Option<u32>,
+    ) -> Result<(), (u64, u32)> {
+        let Some(max) = limit else {
+            self.defer(events);
+            return Ok(());
+        };
+        let state = self.state.lock().await;
+        let mut deferred = self.deferred();
+        let executed = state.spent.step_executions + queued_starts(&deferred);
+        if executed >= u64::from(max) {
+            return Err((executed, max));
+        }
+        deferred.entry(lane()).or_default().events.extend(events);
+        Ok(())
+    }
+
+    /// Starts of steps queued in any lane and not yet committed.
+    fn queued_starts(&self) -> u64 {
+        queued_starts(&self.deferred())
     }
 
     /// Queues an effect's outcome (a tool call's, a model answer) for the
-    /// next commit, which is then fsynced (see [`Deferred`]); `crash_after`
-    /// is reached once it is.
+    /// next commit of this task's lane, which is then fsynced (see
+    /// [`Deferred`]); `crash_after` is reached once it is.
     fn defer_outcome(
         &self,
         events: Vec<EpisodeEvent>,
@@ -489,7 +574,8 @@ impl RunCtx {
         blobs: Vec<Vec<u8>>,
         crash_after: &'static str,
     ) {
-        let mut d = self.deferred();
+        let mut lanes = self.deferred();
+        let d = lanes.entry(lane()).or_default();
         d.events.extend(events);
         d.intents.extend(intents);
         d.blobs.extend(blobs);
@@ -497,15 +583,38 @@ impl RunCtx {
         d.crash_after.push(crash_after);
     }
 
+    /// Commits what this task's lane still has queued, if anything: a
+    /// branch task that halted before its next commit (a start before the
+    /// tool-call budget stopped it, an outcome before a verifier could not
+    /// be found). On the spine the commit that records the run's end
+    /// carries such records; a branch's lane is not the spine's, so its
+    /// task commits them itself before it ends — an outcome is never left
+    /// behind a `Dispatched` intent.
+    pub(crate) async fn flush_queued(&self) -> Result<(), CommitError> {
+        let queued = self
+            .deferred()
+            .get(&lane())
+            .is_some_and(|d| !(d.events.is_empty() && d.intents.is_empty()));
+        if queued {
+            self.commit(Batch::default()).await?;
+        }
+        Ok(())
+    }
+
     /// A copy of the current state.
     pub async fn snapshot(&self) -> RunState {
         self.state.lock().await.clone()
     }
 
-    /// The state as it will be once the queued records are committed.
+    /// The state as it will be once this lane's queued records are
+    /// committed.
     async fn preview(&self) -> Result<RunState, Halt> {
         let mut state = self.snapshot().await;
-        let events = self.deferred().events.clone();
+        let events = self
+            .deferred()
+            .get(&lane())
+            .map(|d| d.events.clone())
+            .unwrap_or_default();
         let at = self.kernel.clock.now_ms();
         let first = state.last_seq.map_or(0, |s| s + 1);
         for (i, event) in events.into_iter().enumerate() {
@@ -525,14 +634,15 @@ impl RunCtx {
         self.commit(Batch::events(events)).await
     }
 
-    /// Records one batch in one store commit, then applies its events to the
-    /// live state. Nothing is applied unless it was recorded.
+    /// Records one batch in one store commit — after what this task's lane
+    /// has queued — then applies its events to the live state. Nothing is
+    /// applied unless it was recorded.
     pub async fn commit(&self, batch: Batch) -> Result<(), CommitError> {
         let mut state = self.state.lock().await;
         let at = self.kernel.clock.now_ms();
         let first = state.last_seq.map_or(0, |s| s + 1);
         let mut batch = batch;
-        let deferred = std::mem::take(&mut *self.deferred());
+        let deferred = self.deferred().remove(&lane()).unwrap_or_default();
         let mut events = deferred.events;
         events.append(&mut batch.events);
         let mut intents = deferred.intents;

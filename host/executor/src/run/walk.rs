@@ -11,7 +11,8 @@ use tracing::Instrument;
 
 use super::rubric::Scored;
 use super::{
-    Batch, CommitError, Halt, Inconsistency, RunCtx, RunFailure, RunOutcome, StatusChange, StepEnd,
+    Batch, CommitError, Halt, Inconsistency, LANE, Lane, RunCtx, RunFailure, RunOutcome,
+    StatusChange, StepEnd,
 };
 use crate::episode::{EpisodeEvent, StepStatus};
 use crate::hash::canonical_json;
@@ -38,7 +39,9 @@ impl RunCtx {
         {
             (parent.0)(&span, trace);
         }
-        async move {
+        // The walk is the run's spine lane (see `Deferred`), whatever lane
+        // the task driving it is in (a child run driven by a branch).
+        LANE.scope(Lane::Spine, async move {
             let timers = self.start_timers().await;
             let halt = match self.wake_if_due().await {
                 Ok(()) => self.clone().walk().await,
@@ -46,7 +49,7 @@ impl RunCtx {
             };
             drop(timers);
             self.conclude(halt).await
-        }
+        })
         .instrument(span)
         .boxed()
     }

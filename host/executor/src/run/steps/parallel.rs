@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::effects::{Failure, FailureClass};
 use crate::episode::{EpisodeEvent, StepStatus};
-use crate::run::{Halt, Inconsistency, RunCtx, StepEnd};
+use crate::run::{Halt, Inconsistency, LANE, Lane, RunCtx, StepEnd};
 use crate::scope::RunScope;
 use crate::state::{Join, RunState};
 
@@ -72,10 +72,23 @@ impl RunCtx {
                 scopes.insert(b.clone(), branch_scope.clone());
                 let ctx = self.clone();
                 let (b, owner) = (b.clone(), def.id.clone());
-                set.spawn(async move {
-                    let r = ctx.exec_step(b.clone(), Some(owner), branch_scope).await;
+                // Each branch task is a lane of its own: what its steps
+                // queue rides only with its own next commit (see
+                // `Deferred`), never with a sibling's.
+                let lane = Lane::Branch(b.clone());
+                set.spawn(LANE.scope(lane, async move {
+                    let r = ctx
+                        .clone()
+                        .exec_step(b.clone(), Some(owner), branch_scope)
+                        .await;
+                    // A branch that halted may leave records queued: its
+                    // own lane's last commit carries them.
+                    let r = match ctx.flush_queued().await {
+                        Ok(()) => r,
+                        Err(e) => r.and(Err(e.into())),
+                    };
                     (b, r)
-                });
+                }));
             }
         }
         let mut halt: Option<Halt> = None;

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::render_failure;
 use crate::render::{context, render_args};
-use crate::run::attempt::AttemptId;
+use crate::run::attempt::{AfterCall, AttemptId};
 use crate::run::{Halt, RunCtx, StepEnd};
 use crate::scope::RunScope;
 
@@ -18,7 +18,7 @@ impl RunCtx {
         def: &StepDef,
         t: &ToolStep,
         at: AttemptId,
-        defer_outcome: bool,
+        after: AfterCall,
         scope: &RunScope,
     ) -> Result<(Value, StepEnd), Halt> {
         let snap = self.snapshot().await;
@@ -27,7 +27,7 @@ impl RunCtx {
             Err(e) => return Ok((Value::Null, StepEnd::Failed(render_failure(e)))),
         };
         let end = self
-            .call_tool(def, &t.tool, args.clone(), at, defer_outcome, scope)
+            .call_tool(def, &t.tool, args.clone(), at, after, scope)
             .await?;
         Ok((args, end))
     }
