@@ -388,6 +388,51 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
         until_status(&http, &api, &blocked, "completed", &served).await;
         at_path(&b, &format!("/runs/{blocked}")).await;
 
+        // A live page: a run answered elsewhere (over the API) shows its
+        // end in the open page without a reload by hand.
+        let elsewhere = start(&http, &api, &judged_v, json!({})).await;
+        until_status(&http, &api, &elsewhere, "waiting_judgment", &served).await;
+        b.goto(&format!("{base}/runs/{elsewhere}"))
+            .await
+            .expect("goto");
+        assert_eq!(text(&b, "#run-status").await, "waiting_judgment");
+        let open: Value = crate::http::get_json(&http, &api, "/judgments").await;
+        let j = open
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["run"] == elsewhere.as_str()))
+            .expect("its request")
+            .clone();
+        let answered = http
+            .post(format!(
+                "{api}/judgments/{}/answer",
+                j["id"].as_str().expect("id")
+            ))
+            .bearer_auth("e2e-token")
+            .json(
+                &json!({"request_hash": j["request_hash"], "result": {"go": true},
+                          "provenance": {"judge": "api"}}),
+            )
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(answered.status(), 200);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // The page reloads under the check: a lookup may miss, and retries.
+        loop {
+            let now = match b.find(Locator::Css("#run-status")).await {
+                Ok(e) => e.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if now == "completed" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the open page never showed the end"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
         // A version diff, from the workflow's page.
         let v2 =
             std::fs::read_to_string(repo().join("fixtures/console/fanned.v2.yaml")).expect("v2");

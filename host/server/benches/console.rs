@@ -198,7 +198,7 @@ async fn bench() {
     for (what, uri) in pages {
         let (t, size) = time(&app, &uri).await;
         println!(
-            "  {what:<46} {:>8.1} ms  ({} KiB)",
+            "  {what:<46} {:>8.2} ms  ({} KiB)",
             t.as_secs_f64() * 1000.0,
             size / 1024
         );

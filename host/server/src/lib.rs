@@ -72,7 +72,8 @@ impl std::fmt::Debug for ServerConfig {
 
 /// The `/v1` API over `host`, ready to serve or to nest in another app.
 pub fn router(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
-    routes::router(host, config, false)
+    let shadow = routes::ShadowState::new(host.clone());
+    routes::router(host, config, shadow, axum::Router::new())
 }
 
 /// The `/v1` API and, at `/`, the operators' web console (runs and their
@@ -81,7 +82,10 @@ pub fn router(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
 /// console requires `config.token` too, when set, through a sign-in form
 /// that keeps it in a same-site cookie.
 pub fn app(host: Arc<poimen::Host>, config: ServerConfig) -> axum::Router {
-    routes::router(host, config, true)
+    // The console shows the shadow evaluations the API's routes keep.
+    let shadow = routes::ShadowState::new(host.clone());
+    let console = console::router(host.clone(), config.token.clone(), shadow.clone());
+    routes::router(host, config, shadow, console)
 }
 
 /// The OpenAPI 3.1 document of the API, as served at `/v1/openapi.json`.

@@ -38,9 +38,15 @@ const MAX_DEFINITION_BODY: usize = 2 * poimen::MAX_WORKFLOW_FILE_BYTES as usize;
 /// The most runs one listing returns.
 const MAX_LIST: u32 = 1000;
 
-pub(crate) fn router(host: Shared, config: ServerConfig, console: bool) -> Router {
+/// The `/v1` routes (and `/metrics`) over `host`, merged with `root` (the
+/// console, or nothing), behind the API's token check.
+pub(crate) fn router(
+    host: Shared,
+    config: ServerConfig,
+    shadow: ShadowState,
+    root: Router,
+) -> Router {
     let queue = config.queue_starts;
-    let shadow = ShadowState::new(host.clone());
     let v1 = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -85,12 +91,7 @@ pub(crate) fn router(host: Shared, config: ServerConfig, console: bool) -> Route
         .route("/metrics", get(metrics))
         .with_state(host.clone())
         .merge(shadow_routes(shadow.clone()));
-    let token = Arc::new(config.token.clone());
-    let root = if console {
-        crate::console::router(host.clone(), config.token, shadow)
-    } else {
-        Router::new()
-    };
+    let token = Arc::new(config.token);
     root.nest("/v1", v1)
         // Where Prometheus looks by default; the same as `/v1/metrics`.
         .route("/metrics", get(metrics).with_state(host))

@@ -1230,6 +1230,13 @@ async fn the_console_lists_runs_draws_lanes_for_branches_and_escapes_what_runs_c
             "{step}"
         );
     }
+    // Each tool call with its intents and what the sandbox recorded.
+    assert!(
+        page.text.contains("pending → dispatched → committed"),
+        "{}",
+        page.text
+    );
+    assert!(page.text.contains(" µs</td>"), "wall time: {}", page.text);
     // What the run carries is text, never markup.
     assert!(!page.text.contains("<script>alert"), "{}", page.text);
     assert!(page.text.contains("&lt;script&gt;alert("), "{}", page.text);

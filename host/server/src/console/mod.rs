@@ -48,6 +48,10 @@ const MAX_PAGE: u32 = 500;
 /// The most of one JSON value a page shows inline; more is cut, with a link
 /// to the whole through the API.
 const MAX_SHOWN: usize = 64 * 1024;
+/// The most of one event, of a call's arguments or of its hostcall record
+/// a run page shows: a long run's page stays a few megabytes (the whole is
+/// in `GET /v1/runs/RUN/episode` and `/audit`).
+const MAX_SHOWN_EACH: usize = 2 * 1024;
 
 /// What every console handler shares.
 #[derive(Clone)]
@@ -389,9 +393,14 @@ fn urlencode(s: &str) -> String {
 
 /// JSON for people, cut at [`MAX_SHOWN`].
 fn pretty(v: &Value) -> String {
+    pretty_within(v, MAX_SHOWN)
+}
+
+/// JSON for people, cut at `max` bytes.
+fn pretty_within(v: &Value, max: usize) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("<{e}>"));
-    if s.len() > MAX_SHOWN {
-        let mut cut = MAX_SHOWN;
+    if s.len() > max {
+        let mut cut = max;
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -612,6 +621,20 @@ async fn runs_page(State(c): State<Console>, Query(q): Query<RunsQuery>) -> Resp
 struct RunQuery {
     /// The event an action recorded: the page says so.
     done: Option<u64>,
+    /// Which page of the episode (and of the tool calls) to show; the
+    /// last by default, or the one holding `done`.
+    page: Option<usize>,
+}
+
+/// Events (and tool calls) on one page of a run: a 1 000-step run's page
+/// stays small enough for a browser, its whole in the API.
+const EVENTS_PER_PAGE: usize = 500;
+const CALLS_PER_PAGE: usize = 100;
+
+/// The window of `len` items page `page` of `per` shows.
+fn window(len: usize, per: usize, page: usize) -> std::ops::Range<usize> {
+    let lo = (page * per).min(len);
+    lo..(lo + per).min(len)
 }
 
 /// One tool call's row.
@@ -668,7 +691,19 @@ async fn run_page(
     let mut receipts: Vec<Value> = Vec::new();
     let mut rows: Vec<Value> = Vec::with_capacity(events.len());
     let mut notice: Option<String> = None;
-    for e in events {
+    let pages = events.len().div_ceil(EVENTS_PER_PAGE).max(1);
+    let page = q
+        .page
+        .or_else(|| {
+            q.done
+                .and_then(|d| events.iter().position(|e| e.seq == d))
+                .map(|i| i / EVENTS_PER_PAGE)
+        })
+        .unwrap_or(pages - 1)
+        .min(pages - 1);
+    let shown = window(events.len(), EVENTS_PER_PAGE, page);
+    for (i, e) in events.iter().enumerate() {
+        let visible = shown.contains(&i);
         match &e.event {
             EpisodeEvent::RunStarted { input: i, .. } => input = i.clone(),
             EpisodeEvent::StepStarted {
@@ -691,30 +726,44 @@ async fn run_page(
                 step,
                 receipt: Some(r),
                 ..
-            } => receipts.push(serde_json::json!({
+            } if visible => receipts.push(serde_json::json!({
                 "step": step.as_str(),
                 "receipt": pretty(&serde_json::to_value(r).unwrap_or(Value::Null)),
             })),
             _ => {}
         }
+        if q.done == Some(e.seq) {
+            notice = Some(format!("Recorded: event #{} {}", e.seq, e.event.kind()));
+        }
+        if !visible {
+            continue;
+        }
         let json = serde_json::to_value(&e.event).unwrap_or(Value::Null);
         let step = json.get("step").map(text_of).unwrap_or_default();
         let text = serde_json::to_string(&json).unwrap_or_default();
         let summary: String = text.chars().take(100).collect();
-        if q.done == Some(e.seq) {
-            notice = Some(format!("Recorded: event #{} {}", e.seq, e.event.kind()));
-        }
         rows.push(serde_json::json!({
             "seq": e.seq, "at": e.at - start, "kind": e.event.kind(), "step": step,
-            "summary": summary, "json": pretty(&json),
+            "summary": summary, "json": pretty_within(&json, MAX_SHOWN_EACH),
         }));
     }
     if record.status != RunStatus::Blocked {
         blocked = None;
     }
-    let calls: Vec<CallRow> = audit
+    // The tool calls of the same page: those whose events it shows (the
+    // calls' own page when they outnumber what fits).
+    let (first_seq, last_seq) = (
+        events.get(shown.start).map_or(0, |e| e.seq),
+        events.get(shown.end.saturating_sub(1)).map_or(0, |e| e.seq),
+    );
+    let mut on_page: Vec<_> = audit
         .tool_calls
         .iter()
+        .filter(|c| c.seq >= first_seq && c.seq <= last_seq)
+        .collect();
+    on_page.truncate(CALLS_PER_PAGE);
+    let calls: Vec<CallRow> = on_page
+        .into_iter()
         .map(|call| {
             let record = serde_json::to_value(&call.record).unwrap_or(Value::Null);
             let pick = |k: &str| record.get(k).map(text_of).unwrap_or_default();
@@ -751,8 +800,8 @@ async fn run_page(
                     if t.is_empty() { t } else { format!("{t} µs") }
                 },
                 intents: phases.join(" → "),
-                args: pretty(&call.args),
-                record: pretty(&record),
+                args: pretty_within(&call.args, MAX_SHOWN_EACH),
+                record: pretty_within(&record, MAX_SHOWN_EACH),
             }
         })
         .collect();
@@ -799,6 +848,9 @@ async fn run_page(
             judgments,
             top_steps,
             csrf => c.csrf.as_str(),
+            page,
+            pages,
+            events_total => events.len(),
             can_cancel => !terminal,
             can_retry => record.status == RunStatus::Failed,
             can_resume => matches!(record.status, RunStatus::Queued | RunStatus::Running),

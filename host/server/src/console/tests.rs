@@ -160,3 +160,12 @@ fn sign_in_only_goes_back_into_the_console_and_times_parse() {
     assert_eq!(parse_when("1970-01-01 00:00:01"), Ok(1000));
     assert!(parse_when("yesterday").is_err());
 }
+
+#[test]
+fn a_long_episode_is_shown_a_page_at_a_time() {
+    use super::window;
+    assert_eq!(window(1200, 500, 0), 0..500);
+    assert_eq!(window(1200, 500, 2), 1000..1200);
+    assert_eq!(window(1200, 500, 9), 1200..1200);
+    assert_eq!(window(0, 500, 0), 0..0);
+}

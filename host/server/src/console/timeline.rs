@@ -74,6 +74,8 @@ pub(crate) fn of(events: &[Recorded], now: i64) -> Timeline {
     let mut branches: BTreeSet<String> = BTreeSet::new();
     let mut losers: BTreeSet<(String, u32)> = BTreeSet::new();
     let mut lane_of: BTreeMap<String, String> = BTreeMap::new();
+    // Branch lanes in the order their fan-outs declare them.
+    let mut declared: Vec<String> = Vec::new();
     let mut order: Vec<(String, u32)> = Vec::new();
     let mut open: BTreeMap<(String, u32), Open> = BTreeMap::new();
     let mut ended = false;
@@ -84,7 +86,11 @@ pub(crate) fn of(events: &[Recorded], now: i64) -> Timeline {
             } => {
                 for b in bs {
                     branches.insert(b.to_string());
-                    lane_of.insert(b.to_string(), format!("{step} ▸ {b}"));
+                    let lane = format!("{step} ▸ {b}");
+                    if !declared.contains(&lane) {
+                        declared.push(lane.clone());
+                    }
+                    lane_of.insert(b.to_string(), lane);
                 }
             }
             EpisodeEvent::BranchesJoined {
@@ -257,8 +263,17 @@ pub(crate) fn of(events: &[Recorded], now: i64) -> Timeline {
             }),
         }
     }
-    // The spine first, then branches in the order they started.
-    lanes.sort_by_key(|l| l.name != "main");
+    // The spine first, then branches as their fan-outs declare them (not
+    // as they happened to start: concurrent branches start in any order).
+    lanes.sort_by_key(|l| {
+        (
+            l.name != "main",
+            declared
+                .iter()
+                .position(|d| d == &l.name)
+                .unwrap_or(usize::MAX),
+        )
+    });
     Timeline {
         span_ms: end - start,
         lanes,

@@ -13,11 +13,13 @@
         if (text) {
           var doc = new DOMParser().parseFromString(text, "text/html");
           var fresh = doc.querySelector("[data-live]");
-          if (fresh) live.innerHTML = fresh.innerHTML;
+          // The page stopped being live (the run ended): show it whole, once.
+          if (!fresh) { window.location.reload(); return true; }
+          live.innerHTML = fresh.innerHTML;
         }
       })
-      .catch(function () {})
-      .then(function () { setTimeout(refresh, every); });
+      .then(function (reloading) { if (!reloading) setTimeout(refresh, every); },
+            function () { setTimeout(refresh, every); });
   }
   setTimeout(refresh, every);
 })();
