@@ -1076,6 +1076,14 @@ impl Host {
         Ok(self.inner.store().count_runs(filter).await?)
     }
 
+    /// The bytes stored under a blob hash (`b3:` and 64 hex digits) — a
+    /// model's prompt or answer, a run's input or output — re-hashed on
+    /// read; `None` when the store holds none.
+    pub async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, Error> {
+        let hash: poimen_store::BlobHash = hash.parse()?;
+        Ok(self.inner.store().blob(&hash).await?)
+    }
+
     /// A run's episode.
     pub async fn episode(&self, run: &RunId) -> Result<Episode, Error> {
         Ok(self.inner.executor().episode(run).await?)

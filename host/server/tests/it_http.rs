@@ -927,7 +927,8 @@ async fn a_queued_start_waits_for_a_serving_loop_and_keeps_the_callers_trace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_evaluation_is_run_and_its_report_read_back() {
-    let api = api().await;
+    // The app with the console: its shadow pages show what the API keeps.
+    let api = console_with(None).await;
     let v1 = api.publish(ECHO).await;
     api.post("/v1/workflows/http.echo/arm", json!({"version": v1}))
         .await
@@ -991,6 +992,18 @@ async fn a_shadow_evaluation_is_run_and_its_report_read_back() {
     assert_eq!(same["report"]["aggregate"]["outputs_equal"], 3);
     // Nothing was written to the live store.
     assert_eq!(api.stored().await, before, "a shadow evaluation wrote");
+    // The console lists the evaluation and shows its HTML report.
+    let page = api.get("/shadow").await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(page.text.contains(&id), "{}", page.text);
+    let shown = api.get(&format!("/shadow/{id}")).await;
+    assert_eq!(shown.status, 200, "{}", shown.text);
+    assert!(
+        shown.text.contains("http.echo") && shown.text.contains(&v2[..12]),
+        "{}",
+        shown.text
+    );
+    assert_eq!(api.get("/shadow/SHD-0000000000000000").await.status, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1263,6 +1276,20 @@ async fn the_console_lists_runs_draws_lanes_for_branches_and_escapes_what_runs_c
     let diff = api.get(&format!("/diff?from={version}&to={version}")).await;
     assert_eq!(diff.status, 200, "{}", diff.text);
     assert!(diff.text.contains("mean the same"), "{}", diff.text);
+    // Blobs on demand: as text, never as markup.
+    let (record, _) = api.host.status(&run.parse_run()).await.expect("status");
+    let blob = api.get(&format!("/blobs/{}", record.input_hash)).await;
+    assert_eq!(blob.status, 200, "{}", blob.text);
+    assert_eq!(
+        blob.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(blob.text, "{}");
+    assert_eq!(api.get("/blobs/b3:nothex").await.status, 400);
+    let unknown = format!("/blobs/b3:{}", "0".repeat(64));
+    assert_eq!(api.get(&unknown).await.status, 404);
     let css = api.get("/assets/console.css").await;
     assert_eq!(css.status, 200);
 }

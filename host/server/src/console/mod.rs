@@ -135,6 +135,7 @@ pub(crate) fn router(host: Arc<Host>, token: Option<String>, shadow: ShadowState
         .route("/workflows/{workflow}", get(workflow_page))
         .route("/versions/{version}", get(version_page))
         .route("/diff", get(diff_page))
+        .route("/blobs/{hash}", get(blob))
         .route("/plugins", get(plugins_page))
         .route("/shadow", get(shadow_page))
         .route("/shadow/{shadow}", get(shadow_report))
@@ -742,7 +743,25 @@ async fn run_page(
         let step = json.get("step").map(text_of).unwrap_or_default();
         let text = serde_json::to_string(&json).unwrap_or_default();
         let summary: String = text.chars().take(100).collect();
+        // A model call's texts are blobs: linked, fetched when asked for.
+        let blobs: Vec<Value> = match &e.event {
+            EpisodeEvent::ModelCalled {
+                prompt,
+                system,
+                output,
+                ..
+            } => [
+                ("prompt", Some(prompt)),
+                ("system", system.as_ref()),
+                ("answer", Some(output)),
+            ]
+            .into_iter()
+            .filter_map(|(name, hash)| hash.map(|h| serde_json::json!({"name": name, "hash": h})))
+            .collect(),
+            _ => Vec::new(),
+        };
         rows.push(serde_json::json!({
+            "blobs": blobs,
             "seq": e.seq, "at": e.at - start, "kind": e.event.kind(), "step": step,
             "summary": summary, "json": pretty_within(&json, MAX_SHOWN_EACH),
         }));
@@ -1387,6 +1406,37 @@ async fn diff_page(State(c): State<Console>, Query(q): Query<DiffQuery>) -> Resp
             changes,
         },
     )
+}
+
+/// A stored blob, fetched on demand: text as `text/plain` (never rendered
+/// as markup: the guard's `nosniff` holds browsers to the type), anything
+/// else as a download.
+async fn blob(State(c): State<Console>, Path(hash): Path<String>) -> Response {
+    match c.host.blob(&hash).await {
+        Ok(Some(bytes)) => match String::from_utf8(bytes) {
+            Ok(text) => {
+                ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+            }
+            Err(e) => (
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream"),
+                    (header::CONTENT_DISPOSITION, "attachment"),
+                ],
+                e.into_bytes(),
+            )
+                .into_response(),
+        },
+        Ok(None) => message(
+            &c,
+            StatusCode::NOT_FOUND,
+            "No such blob",
+            &format!(
+                "the store holds no blob {hash} (a finished run's blobs go with it when `poimen gc` removes it)"
+            ),
+            Some("/runs"),
+        ),
+        Err(e) => host_error(&c, e, Some("/runs")),
+    }
 }
 
 // ----------------------------------------------------------------- plugins
