@@ -149,6 +149,30 @@ async fn text(b: &Client, css: &str) -> String {
         .expect("text")
 }
 
+/// Clicks the element `at` names, once it is there.
+async fn click(b: &Client, at: Locator<'_>) {
+    b.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(at)
+        .await
+        .unwrap_or_else(|e| panic!("nothing to click at {at:?}: {e}"))
+        .click()
+        .await
+        .expect("click");
+}
+
+/// Types `keys` into the input `at` names, once it is there.
+async fn type_into(b: &Client, at: Locator<'_>, keys: &str) {
+    b.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(at)
+        .await
+        .unwrap_or_else(|e| panic!("no input at {at:?}: {e}"))
+        .send_keys(keys)
+        .await
+        .expect("type");
+}
+
 /// Waits until the browser is at `path`.
 async fn at_path(b: &Client, path: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -229,22 +253,8 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
                 .path()
                 .starts_with("/login")
         );
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#login input[name=token]"))
-            .await
-            .expect("token input")
-            .send_keys("e2e-token")
-            .await
-            .expect("type");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#login button"))
-            .await
-            .expect("sign in")
-            .click()
-            .await
-            .expect("click");
+        type_into(&b, Locator::Css("#login input[name=token]"), "e2e-token").await;
+        click(&b, Locator::Css("#login button")).await;
         at_path(&b, "/runs").await;
         let listed = text(&b, "#runs").await;
         for run in [&report, &fan, &waiting, &blocked] {
@@ -291,27 +301,13 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
 
         // The judgment: a wrong answer is refused with the schema's error.
         b.goto(&format!("{base}/judgments")).await.expect("goto");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#judgments a"))
-            .await
-            .expect("the request")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::Css("#judgments a")).await;
         let json_box = b
             .find(Locator::Css("textarea[name=result_json]"))
             .await
             .expect("result_json");
         json_box.send_keys(r#"{"go": "yes"}"#).await.expect("type");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#answer button"))
-            .await
-            .expect("submit")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::Css("#answer button")).await;
         let error = text(&b, "#error").await;
         assert!(
             error.contains("go"),
@@ -336,14 +332,7 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
             .select_by_value("true")
             .await
             .expect("select");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#answer button"))
-            .await
-            .expect("submit")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::Css("#answer button")).await;
         at_path(&b, &format!("/runs/{waiting}")).await;
         assert!(text(&b, "#notice").await.contains("judgment_received"));
         until_status(&http, &api, &waiting, "completed", &served).await;
@@ -352,39 +341,16 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
         b.goto(&format!("{base}/runs/{blocked}"))
             .await
             .expect("goto");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#reconcile input[value=failed]"))
-            .await
-            .expect("failed")
-            .click()
-            .await
-            .expect("click");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#reconcile input[name=reason]"))
-            .await
-            .expect("reason")
-            .send_keys("the ledger has no entry")
-            .await
-            .expect("type");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#reconcile button"))
-            .await
-            .expect("reconcile")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::Css("#reconcile input[value=failed]")).await;
+        type_into(
+            &b,
+            Locator::Css("#reconcile input[name=reason]"),
+            "the ledger has no entry",
+        )
+        .await;
+        click(&b, Locator::Css("#reconcile button")).await;
         assert!(text(&b, "main").await.contains("cannot be undone"));
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("#confirm button"))
-            .await
-            .expect("confirm")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::Css("#confirm button")).await;
         until_status(&http, &api, &blocked, "completed", &served).await;
         at_path(&b, &format!("/runs/{blocked}")).await;
 
@@ -450,14 +416,7 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
         b.goto(&format!("{base}/workflows/console.fanned"))
             .await
             .expect("goto");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::LinkText("what changed"))
-            .await
-            .expect("diff link")
-            .click()
-            .await
-            .expect("click");
+        click(&b, Locator::LinkText("what changed")).await;
         let changes = text(&b, "#changes").await;
         assert!(
             changes.contains("after"),

@@ -877,6 +877,29 @@ async fn run_page(
     )
 }
 
+/// The run a posted action names, once its form passed the CSRF check.
+fn acting_on(c: &Console, run: &str, fields: &[(String, String)]) -> Result<RunId, Response> {
+    if !csrf_ok(c, fields) {
+        return Err(csrf_refused(c));
+    }
+    RunId::parse(run).map_err(|e| host_error(c, e.into(), Some("/runs")))
+}
+
+/// Does an action on run `id` and lands on the run's page at the first
+/// event it recorded, or says why it was refused.
+async fn act<T>(
+    c: &Console,
+    id: &RunId,
+    action: impl std::future::Future<Output = Result<T, poimen::Error>>,
+) -> Response {
+    // `action` is lazy: nothing happens before it is awaited, below.
+    let before = last_seq(c, id).await;
+    match action.await {
+        Ok(_) => done(c, id, before).await,
+        Err(e) => host_error(c, e, Some(&format!("/runs/{id}"))),
+    }
+}
+
 /// The sequence number of a run's last event, before an action.
 async fn last_seq(c: &Console, id: &RunId) -> Option<u64> {
     c.host
@@ -934,12 +957,9 @@ async fn cancel(
     Path(run): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    if !csrf_ok(&c, &fields) {
-        return csrf_refused(&c);
-    }
-    let id = match RunId::parse(&run) {
+    let id = match acting_on(&c, &run, &fields) {
         Ok(id) => id,
-        Err(e) => return host_error(&c, e.into(), Some("/runs")),
+        Err(refused) => return refused,
     };
     let back = format!("/runs/{id}");
     if !confirmed(&fields) {
@@ -952,11 +972,7 @@ async fn cancel(
             &back,
         );
     }
-    let before = last_seq(&c, &id).await;
-    match c.host.cancel(&id).await {
-        Ok(_) => done(&c, &id, before).await,
-        Err(e) => host_error(&c, e, Some(&back)),
-    }
+    act(&c, &id, c.host.cancel(&id)).await
 }
 
 async fn retry(
@@ -964,21 +980,14 @@ async fn retry(
     Path(run): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    if !csrf_ok(&c, &fields) {
-        return csrf_refused(&c);
-    }
-    let id = match RunId::parse(&run) {
+    let id = match acting_on(&c, &run, &fields) {
         Ok(id) => id,
-        Err(e) => return host_error(&c, e.into(), Some("/runs")),
+        Err(refused) => return refused,
     };
     let from = field(&fields, "from")
         .filter(|s| !s.is_empty())
         .map(StepId::from);
-    let before = last_seq(&c, &id).await;
-    match c.host.retry(&id, from.as_ref()).await {
-        Ok(_) => done(&c, &id, before).await,
-        Err(e) => host_error(&c, e, Some(&format!("/runs/{id}"))),
-    }
+    act(&c, &id, c.host.retry(&id, from.as_ref())).await
 }
 
 async fn resume(
@@ -986,18 +995,11 @@ async fn resume(
     Path(run): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    if !csrf_ok(&c, &fields) {
-        return csrf_refused(&c);
-    }
-    let id = match RunId::parse(&run) {
+    let id = match acting_on(&c, &run, &fields) {
         Ok(id) => id,
-        Err(e) => return host_error(&c, e.into(), Some("/runs")),
+        Err(refused) => return refused,
     };
-    let before = last_seq(&c, &id).await;
-    match c.host.resume(&id).await {
-        Ok(_) => done(&c, &id, before).await,
-        Err(e) => host_error(&c, e, Some(&format!("/runs/{id}"))),
-    }
+    act(&c, &id, c.host.resume(&id)).await
 }
 
 async fn reconcile(
@@ -1005,12 +1007,9 @@ async fn reconcile(
     Path(run): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    if !csrf_ok(&c, &fields) {
-        return csrf_refused(&c);
-    }
-    let id = match RunId::parse(&run) {
+    let id = match acting_on(&c, &run, &fields) {
         Ok(id) => id,
-        Err(e) => return host_error(&c, e.into(), Some("/runs")),
+        Err(refused) => return refused,
     };
     let back = format!("/runs/{id}");
     let bad = |detail: String| {
@@ -1069,11 +1068,12 @@ async fn reconcile(
             &back,
         );
     }
-    let before = last_seq(&c, &id).await;
-    match c.host.reconcile(&id, &StepId::from(step), decision).await {
-        Ok(_) => done(&c, &id, before).await,
-        Err(e) => host_error(&c, e, Some(&back)),
-    }
+    act(
+        &c,
+        &id,
+        c.host.reconcile(&id, &StepId::from(step), decision),
+    )
+    .await
 }
 
 // --------------------------------------------------------------- judgments
