@@ -302,15 +302,17 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
         // The judgment: a wrong answer is refused with the schema's error.
         b.goto(&format!("{base}/judgments")).await.expect("goto");
         click(&b, Locator::Css("#judgments a")).await;
-        let json_box = b
-            .find(Locator::Css("textarea[name=result_json]"))
-            .await
-            .expect("result_json");
-        json_box.send_keys(r#"{"go": "yes"}"#).await.expect("type");
+        type_into(
+            &b,
+            Locator::Css("textarea[name=result_json]"),
+            r#"{"go": "yes"}"#,
+        )
+        .await;
+        click(&b, Locator::Css("#answer input[name=confirmed]")).await;
         click(&b, Locator::Css("#answer button")).await;
         let error = text(&b, "#error").await;
         assert!(
-            error.contains("go"),
+            error.contains("at /go"),
             "the schema error names the field: {error}"
         );
         assert_eq!(status_of(&http, &api, &waiting).await, "waiting_judgment");
@@ -332,6 +334,7 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
             .select_by_value("true")
             .await
             .expect("select");
+        click(&b, Locator::Css("#answer input[name=confirmed]")).await;
         click(&b, Locator::Css("#answer button")).await;
         at_path(&b, &format!("/runs/{waiting}")).await;
         assert!(text(&b, "#notice").await.contains("judgment_received"));

@@ -1367,12 +1367,35 @@ async fn console_forms_need_their_csrf_token_and_a_judgment_is_answered_through_
                 ("request_hash", &hash),
                 ("result_json", r#"{"go": "yes"}"#),
                 ("judge", "me"),
+                ("confirmed", "yes"),
             ],
         )
         .await;
     assert_eq!(refused.status, 422, "{}", refused.text);
     assert!(refused.text.contains("id=\"error\""), "{}", refused.text);
-    assert!(refused.text.contains("go"), "{}", refused.text);
+    assert!(
+        refused.text.contains("go: &quot;yes&quot; is not of type"),
+        "{}",
+        refused.text
+    );
+    // A good answer not marked final: asked to, nothing written.
+    let unconfirmed = api
+        .form(
+            &uri,
+            &[
+                ("csrf", &csrf),
+                ("request_hash", &hash),
+                ("field.go", "true"),
+                ("judge", "me"),
+            ],
+        )
+        .await;
+    assert_eq!(unconfirmed.status, 422, "{}", unconfirmed.text);
+    assert!(
+        unconfirmed.text.contains("This answer is final"),
+        "{}",
+        unconfirmed.text
+    );
     assert_eq!(
         api.host.episode(&run.parse_run()).await.expect("episode"),
         events,
@@ -1388,6 +1411,7 @@ async fn console_forms_need_their_csrf_token_and_a_judgment_is_answered_through_
                 ("request_hash", &hash),
                 ("field.go", "true"),
                 ("judge", "me"),
+                ("confirmed", "yes"),
             ],
         )
         .await;

@@ -987,6 +987,19 @@ async fn retry(
     let from = field(&fields, "from")
         .filter(|s| !s.is_empty())
         .map(StepId::from);
+    if !confirmed(&fields) {
+        let which = from
+            .as_ref()
+            .map_or("the step that failed".to_owned(), |f| format!("step `{f}`"));
+        return confirm(
+            &c,
+            &format!("/runs/{id}/retry"),
+            &fields,
+            "Retry",
+            &format!("Run {id} again from {which}? Its tool calls from there are made again."),
+            &format!("/runs/{id}"),
+        );
+    }
     act(&c, &id, c.host.retry(&id, from.as_ref())).await
 }
 
@@ -1190,6 +1203,19 @@ async fn answer(
             Some(error),
         )
     };
+    // An answer cannot be taken back: the form asks for it to be final.
+    if !confirmed(&posted) {
+        // Refills the fields with what was posted (its errors wait).
+        let _ = form::result(
+            &mut fields,
+            &posted,
+            field(&posted, "result_json").unwrap_or_default(),
+        );
+        return refused(
+            fields,
+            "tick “This answer is final” to submit it: an answer cannot be taken back".to_owned(),
+        );
+    }
     let result = match form::result(
         &mut fields,
         &posted,
