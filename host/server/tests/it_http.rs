@@ -1004,6 +1004,17 @@ async fn a_shadow_evaluation_is_run_and_its_report_read_back() {
         shown.text
     );
     assert_eq!(api.get("/shadow/SHD-0000000000000000").await.status, 404);
+    // Linked from the candidate's version page, and listed there by it.
+    let version = api.get(&format!("/versions/{v2}")).await;
+    assert!(
+        version.text.contains("id=\"shadow-candidate\""),
+        "{}",
+        version.text
+    );
+    let of_v2 = api.get(&format!("/shadow?candidate={v2}")).await;
+    assert!(of_v2.text.contains(&id), "{}", of_v2.text);
+    let of_v1 = api.get(&format!("/shadow?candidate={v1}")).await;
+    assert!(!of_v1.text.contains(&id), "{}", of_v1.text);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,25 @@ fn branches_get_lanes_retries_show_and_losers_are_marked() {
 }
 
 #[test]
+fn a_sub_workflow_step_links_its_child_run() {
+    let child = poimen::RunId::parse("WFR-01ARZ3NDEKTSV4RRFFQ69G5FAV").expect("id");
+    let linked: EpisodeEvent = serde_json::from_value(json!({
+        "event": "child_run_linked", "step": "sub", "iteration": 0,
+        "child_run": child.as_str(),
+        "child_version": format!("b3:{}", "0".repeat(64)),
+    }))
+    .expect("child_run_linked");
+    let events = vec![
+        at(0, 10, started("sub", None)),
+        at(1, 11, linked),
+        at(2, 20, finished("sub", StepStatus::Completed)),
+    ];
+    let t = timeline::of(&events, 100);
+    assert_eq!(t.lanes[0].bars[0].child.as_deref(), Some(child.as_str()));
+    assert_eq!(t.span_ms, 90, "not ended: up to now");
+}
+
+#[test]
 fn an_empty_episode_has_no_lanes() {
     assert!(timeline::of(&[], 0).lanes.is_empty());
 }
