@@ -239,7 +239,7 @@ fn frontend_a_step_has_exactly_one_kind() {
 #[test]
 fn frontend_format_quirks_are_refused() {
     type Case<'a> = (&'a [u8], fn(&ParseErrorKind) -> bool);
-    let cases: [Case<'_>; 6] = [
+    let cases: [Case<'_>; 7] = [
         (b"id: w\nsteps: []\n---\nid: x\nsteps: []\n", |k| {
             matches!(k, ParseErrorKind::MultipleDocuments)
         }),
@@ -259,6 +259,11 @@ fn frontend_format_quirks_are_refused() {
         (b"id: w\nsteps: []\nrubric: {threshold: .inf}\n", |k| {
             matches!(k, ParseErrorKind::NumberOutOfRange { .. })
         }),
+        // A float the canonical form would write as an integer past 2^53.
+        (
+            b"id: w\nsteps: []\nrubric: {threshold: 09007199254740992.5}\n",
+            |k| matches!(k, ParseErrorKind::NumberOutOfRange { .. }),
+        ),
     ];
     for (src, want) in cases {
         let e = err(src, Format::Yaml);

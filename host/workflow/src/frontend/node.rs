@@ -172,7 +172,13 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
 
     fn visit_f64<E: de::Error>(self, f: f64) -> Result<Node<'de>, E> {
         self.build.count()?;
-        if !f.is_finite() {
+        // Past 2^53 every double is an integer, and below 1e21 RFC 8785
+        // writes it as one (`9007199254740992.5` is stored as
+        // `9007199254740992`): an integer out of range, which reading the
+        // canonical form back would refuse. Refused here, as an integer
+        // that large would be.
+        let integer_text = f.abs() > MAX_SAFE_INTEGER as f64 && f.abs() < 1e21;
+        if !f.is_finite() || integer_text {
             return Err(self.build.fail(ParseErrorKind::NumberOutOfRange {
                 value: f.to_string(),
             }));
