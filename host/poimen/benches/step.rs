@@ -16,6 +16,9 @@
 //!   (a chain of model steps answered by the scripted provider: what the
 //!   model-call intent costs, without a provider's latency).
 //!
+//! - `concurrent`: durable tool steps per second with 64 runs in flight
+//!   at once against one run at a time (group commit; see [`concurrent`]).
+//!
 //! `cargo bench -p poimen --bench step`. Files live under Cargo's per-target temporary
 //! directory, on the disk of the target dir (not a tmpfs, where fsync is free).
 
@@ -89,14 +92,16 @@ fn model_chain(n: usize, durable: bool) -> WorkflowDef {
 struct Bench {
     wiring: Wiring,
     exec: Executor,
+    sqlite: Arc<SqliteStore>,
 }
 
 async fn setup(dir: &std::path::Path) -> Bench {
-    let store: Arc<dyn Store> = Arc::new(
+    let sqlite = Arc::new(
         SqliteStore::open(dir.join("poimen.db"))
             .await
             .expect("store"),
     );
+    let store: Arc<dyn Store> = sqlite.clone();
     let mut b = poimen_sandbox::PluginHost::builder().cache_dir(dir.join("cache"));
     for p in plugin_artifacts::BUNDLED {
         b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
@@ -112,6 +117,7 @@ async fn setup(dir: &std::path::Path) -> Bench {
     Bench {
         exec: wiring.executor.clone(),
         wiring,
+        sqlite,
     }
 }
 
@@ -315,9 +321,86 @@ fn paired(_: &mut Criterion) {
     );
 }
 
+/// Group commit (issue 16, target 3): durable tool steps per second with
+/// 64 runs of a 10-step chain in flight at once, against one run at a time
+/// — both on the same SQLite store, in each of `ROUNDS` rounds, medians
+/// reported — and the same 64 runs ephemeral (in-memory store), which is
+/// what the two cores allow without any store at all. Also prints how many
+/// commits each write transaction carried. Printed as one line; runs only
+/// under `cargo bench` and only when the filter admits `concurrent`.
+fn concurrent(_: &mut Criterion) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    if !args.iter().any(|a| a == "--bench")
+        || filter.is_some_and(|f| !"concurrent".contains(f.as_str()))
+    {
+        return;
+    }
+    const ROUNDS: usize = 7;
+    const RUNS: usize = 64;
+    const EACH: usize = 3;
+    let rt = runtime();
+    let dir = bench_dir();
+    let b = rt.block_on(setup(&dir));
+    let (d10, e10) = (b.prepare(&rt, 10, true), b.prepare(&rt, 10, false));
+    // Steps per second of `tasks` tasks each running `each` runs of `r`.
+    let rate = |r: &Arc<poimen_executor::Runnable>, tasks: usize, each: usize| {
+        rt.block_on(async {
+            let t = std::time::Instant::now();
+            let mut handles = Vec::new();
+            for _ in 0..tasks {
+                let (exec, r) = (b.exec.clone(), r.clone());
+                handles.push(tokio::spawn(async move {
+                    for _ in 0..each {
+                        let out = exec
+                            .run(r.clone(), json!({"n": 1}), StartOptions::default())
+                            .await
+                            .expect("run");
+                        assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+                    }
+                }));
+            }
+            for h in handles {
+                h.await.expect("task");
+            }
+            (tasks * each * 10) as f64 / t.elapsed().as_secs_f64()
+        })
+    };
+    rate(&d10, 1, 3);
+    rate(&d10, RUNS, 1);
+    let (mut seq, mut con, mut eph, mut ratio, mut per_tx) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        let s = rate(&d10, 1, 20);
+        let before = b.sqlite.writer_stats();
+        let c = rate(&d10, RUNS, EACH);
+        let after = b.sqlite.writer_stats();
+        eph.push(rate(&e10, RUNS, EACH));
+        seq.push(s);
+        con.push(c);
+        ratio.push(c / s);
+        per_tx.push(
+            (after.commits - before.commits) as f64
+                / (after.transactions - before.transactions).max(1) as f64,
+        );
+    }
+    println!(
+        "concurrent ({ROUNDS} rounds): durable tool steps/s, 1 run at a time {:.0}, {RUNS} runs \
+         at once {:.0} (ratio {:.1}, quartiles {:.1}–{:.1}), commits per transaction {:.1}; \
+         {RUNS} runs at once ephemeral {:.0} steps/s",
+        quartile(&seq, 2),
+        quartile(&con, 2),
+        quartile(&ratio, 2),
+        quartile(&ratio, 1),
+        quartile(&ratio, 3),
+        quartile(&per_tx, 2),
+        quartile(&eph, 2),
+    );
+}
+
 criterion_group! {
     name = step;
     config = Criterion::default().sample_size(30);
-    targets = benches, paired
+    targets = benches, paired, concurrent
 }
 criterion_main!(step);

@@ -20,6 +20,7 @@
 //! the mapping of SQLite result codes in `errors`.
 
 mod errors;
+mod group;
 mod ops;
 pub(crate) mod schema;
 
@@ -49,6 +50,7 @@ use crate::records::{
 use crate::rules;
 use crate::store::{Store, StoreResult};
 
+pub use self::group::WriterStats;
 pub use self::schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// Tuning of a [`SqliteStore`].
@@ -85,12 +87,31 @@ struct Inner {
     next_reader: AtomicUsize,
     /// This process's writes that may have made work.
     wake: crate::wake::Wakeup,
+    /// Commits waiting to share the next write transaction (`group`).
+    queue: Mutex<group::Queue>,
+    stats: group::Stats,
 }
 
 struct Writer {
     conn: Connection,
     /// The `synchronous` setting in force on `conn`.
     durability: Durability,
+}
+
+impl Writer {
+    /// `PRAGMA synchronous` for the next transaction: `FULL` fsyncs the WAL
+    /// at commit, `NORMAL` does not.
+    fn set_durability(&mut self, p: &Path, durability: Durability) -> StoreResult<()> {
+        if self.durability != durability {
+            let level = match durability {
+                Durability::Sync => "FULL",
+                Durability::Buffered => "NORMAL",
+            };
+            self.conn.pragma_update(None, "synchronous", level).at(p)?;
+            self.durability = durability;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Debug for SqliteStore {
@@ -191,6 +212,8 @@ impl SqliteStore {
                 readers,
                 next_reader: AtomicUsize::new(0),
                 wake: crate::wake::Wakeup::default(),
+                queue: Mutex::default(),
+                stats: group::Stats::default(),
             }),
         })
     }
@@ -198,6 +221,12 @@ impl SqliteStore {
     /// The store file.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// How many commits this store has written, in how many transactions
+    /// (concurrent commits share one: see [`Store::commit`] on this type).
+    pub fn writer_stats(&self) -> WriterStats {
+        self.inner.stats.get()
     }
 
     /// Runs `f` where it may block. On a multi-threaded runtime that is the
@@ -266,14 +295,7 @@ impl Inner {
         // A panic while the lock was held unwound through the transaction's
         // drop, which rolled it back: the connection is usable.
         let mut w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        if w.durability != durability {
-            let level = match durability {
-                Durability::Sync => "FULL",
-                Durability::Buffered => "NORMAL",
-            };
-            w.conn.pragma_update(None, "synchronous", level).at(p)?;
-            w.durability = durability;
-        }
+        w.set_durability(p, durability)?;
         let tx = w
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -491,11 +513,25 @@ impl Store for SqliteStore {
         self.read(move |c, p| ops::children(c, p, &id)).await
     }
 
+    /// Concurrent commits share one transaction and one fsync (group
+    /// commit; see the `group` module): each caller still hears `Ok` only
+    /// once its own commit is stored with its durability, and a refused
+    /// commit is refused alone.
     async fn commit(&self, commit: Commit) -> StoreResult<()> {
         rules::check_commit_shape(&commit)?;
         let work = rules::may_make_work(&commit);
-        self.write(commit.durability, move |tx, p| ops::commit(tx, p, commit))
+        let (answer, lead) = self.inner.enqueue(commit);
+        if lead {
+            let inner = Arc::clone(&self.inner);
+            self.blocking(move |_| {
+                inner.lead();
+                Ok(())
+            })
             .await?;
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(group::answer_lost(&self.inner.path)))?;
         if work {
             self.inner.wake.ring();
         }
@@ -645,3 +681,6 @@ impl Store for SqliteStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests;

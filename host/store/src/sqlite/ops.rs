@@ -786,7 +786,7 @@ fn last_phase(
 
 /// Validates and writes a commit inside the caller's transaction. Any error
 /// leaves the transaction to be rolled back.
-pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
+pub(crate) fn commit(c: &Connection, p: &Path, commit: &Commit) -> Result<()> {
     let run = &commit.run;
     let (status, output, owner, epoch, expires_at) = c
         .prepare_cached(
@@ -811,7 +811,7 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
     // that, not whatever its stale view of the episode would conflict with.
     if commit.fence.is_some() {
         let current = to_lease(p, run, owner, epoch, expires_at)?;
-        rules::check_fence(&commit, current.as_ref())?;
+        rules::check_fence(commit, current.as_ref())?;
     }
     let status = RunStatus::parse(&status).ok_or_else(|| bad_value(p, "run status", &status))?;
     let output: Option<BlobHash> = output.map(|h| parse(p, "output hash", &h)).transpose()?;
@@ -820,7 +820,7 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
         .prepare_cached("SELECT coalesce(max(seq) + 1, 0) FROM events WHERE run = ?1")
         .and_then(|mut s| s.query_row([run.as_str()], |r| r.get(0)))
         .at(p)?;
-    rules::check_first_seq(&commit, next.unsigned_abs())?;
+    rules::check_first_seq(commit, next.unsigned_abs())?;
 
     let mut phases: HashMap<AttemptKey, IntentPhase> = HashMap::new();
     for i in &commit.intents {
@@ -888,7 +888,7 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: Commit) -> Result<()> {
         }
     }
 
-    rules::check_run_update(&commit, status, output)?;
+    rules::check_run_update(commit, status, output)?;
 
     // Every check passed: write.
     for b in &commit.blobs {
