@@ -46,7 +46,11 @@ steps:
     let start = Instant::now();
     let st = loop {
         let st = status(&env, &run);
-        if st["run"]["status"] != json!("waiting_judgment")
+        // Past `waiting_judgment` the run is `running` for a moment (the
+        // expiry is recorded, then the step and the run end): wait for an
+        // end.
+        let status = &st["run"]["status"];
+        if (status != &json!("waiting_judgment") && status != &json!("running"))
             || start.elapsed() > Duration::from_secs(30)
         {
             break st;

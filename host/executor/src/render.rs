@@ -6,8 +6,9 @@
 //! refolded run identical to the live one. Templates are minijinja with
 //! strict undefined names; predicates are CEL.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use minijinja::value::{Enumerator, Object, ObjectExt};
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::{Map, Value};
 
@@ -44,8 +45,10 @@ fn shorten(s: &str) -> String {
     }
 }
 
-/// The template/predicate context of a run: `{inputs, state, steps}`, where
-/// `steps.<id>` has `output` (completed steps only) and `status`.
+/// The predicate context of a run, as JSON: `{inputs, state, steps}`, where
+/// `steps.<id>` has `output` (completed steps only) and `status`. CEL
+/// takes its variables whole; templates read [`template_context`] instead,
+/// which copies only what a template reads.
 pub fn context(run: &RunState) -> Value {
     let mut steps = Map::new();
     for (id, s) in &run.steps {
@@ -71,9 +74,132 @@ pub fn context(run: &RunState) -> Value {
     Value::Object(ctx)
 }
 
+/// The template context of a run: the same `{inputs, state, steps}` as
+/// [`context`], read from the run's state on demand. Building it copies
+/// nothing; a template that reads `steps.a.output` converts that one output,
+/// so a step's rendering costs what its templates read, not the size of
+/// the run.
+pub fn template_context(run: &Arc<RunState>) -> minijinja::Value {
+    minijinja::Value::from_object(RunView(Arc::clone(run)))
+}
+
+/// `{inputs, state, steps}` of a run.
+#[derive(Debug)]
+struct RunView(Arc<RunState>);
+
+/// `steps`: each step by id.
+#[derive(Debug)]
+struct StepsView(Arc<RunState>);
+
+/// `steps.<id>`: `output` (once completed) and `status`.
+#[derive(Debug)]
+struct StepView(Arc<RunState>, poimen_workflow::StepId);
+
+/// `state`: the declared state keys.
+#[derive(Debug)]
+struct StateView(Arc<RunState>);
+
+impl Object for RunView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        Some(match key.as_str()? {
+            "inputs" => from_json(&self.0.input),
+            "state" => minijinja::Value::from_object(StateView(Arc::clone(&self.0))),
+            "steps" => minijinja::Value::from_object(StepsView(Arc::clone(&self.0))),
+            _ => return None,
+        })
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["inputs", "state", "steps"])
+    }
+}
+
+impl Object for StepsView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let (id, _) = self.0.steps.get_key_value(key.as_str()?)?;
+        Some(minijinja::Value::from_object(StepView(
+            Arc::clone(&self.0),
+            id.clone(),
+        )))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.mapped_enumerator(|this| {
+            Box::new(
+                this.0
+                    .steps
+                    .keys()
+                    .map(|id| minijinja::Value::from(id.as_str())),
+            )
+        })
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.steps.len())
+    }
+}
+
+impl Object for StepView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let step = self.0.steps.get(&self.1)?;
+        match key.as_str()? {
+            "output" => step.output.as_ref().map(from_json),
+            "status" => Some(minijinja::Value::from(step.status.as_str())),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let completed = self
+            .0
+            .steps
+            .get(&self.1)
+            .is_some_and(|s| s.output.is_some());
+        if completed {
+            Enumerator::Str(&["output", "status"])
+        } else {
+            Enumerator::Str(&["status"])
+        }
+    }
+}
+
+impl Object for StateView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        self.0.state.get(key.as_str()?).map(from_json)
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.mapped_enumerator(|this| {
+            Box::new(
+                this.0
+                    .state
+                    .keys()
+                    .map(|k| minijinja::Value::from(k.as_str())),
+            )
+        })
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.state.len())
+    }
+}
+
+/// A JSON value as a template context (a start's `key` template reads
+/// `{inputs}` only).
+pub fn json_context(ctx: &Value) -> minijinja::Value {
+    from_json(ctx)
+}
+
+fn from_json(v: &Value) -> minijinja::Value {
+    minijinja::Value::from(minijinja::value::Serde(v))
+}
+
 /// Renders a text template. Also returns the partition: the state paths the
 /// template read, sorted.
-pub fn render_text(template: &str, ctx: &Value) -> Result<(String, Vec<String>), RenderError> {
+pub fn render_text(
+    template: &str,
+    ctx: &minijinja::Value,
+) -> Result<(String, Vec<String>), RenderError> {
     let err = |e: minijinja::Error| RenderError::Template {
         template: shorten(template),
         message: describe(&e),
@@ -81,9 +207,7 @@ pub fn render_text(template: &str, ctx: &Value) -> Result<(String, Vec<String>),
     let tmpl = env().template_from_str(template).map_err(err)?;
     let mut partition: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
     partition.sort();
-    let text = tmpl
-        .render(minijinja::Value::from(minijinja::value::Serde(ctx)))
-        .map_err(err)?;
+    let text = tmpl.render(ctx.clone()).map_err(err)?;
     Ok((text, partition))
 }
 
@@ -100,7 +224,7 @@ fn describe(e: &minijinja::Error) -> String {
 
 /// Renders argument JSON: every string leaf is a template. A string that is
 /// exactly one `{{ expression }}` yields the expression's JSON value.
-pub fn render_args(args: &Value, ctx: &Value) -> Result<Value, RenderError> {
+pub fn render_args(args: &Value, ctx: &minijinja::Value) -> Result<Value, RenderError> {
     match args {
         Value::String(s) => render_string_leaf(s, ctx),
         Value::Array(items) => items
@@ -132,7 +256,7 @@ pub fn sole_expression(s: &str) -> Option<&str> {
     )
 }
 
-fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
+fn render_string_leaf(s: &str, ctx: &minijinja::Value) -> Result<Value, RenderError> {
     if !s.contains("{{") && !s.contains("{%") {
         return Ok(Value::String(s.to_owned()));
     }
@@ -142,9 +266,7 @@ fn render_string_leaf(s: &str, ctx: &Value) -> Result<Value, RenderError> {
             message: describe(&e),
         };
         let compiled = env().compile_expression(expr).map_err(err)?;
-        let value = compiled
-            .eval(minijinja::Value::from(minijinja::value::Serde(ctx)))
-            .map_err(err)?;
+        let value = compiled.eval(ctx.clone()).map_err(err)?;
         if value.is_undefined() {
             return Err(RenderError::Template {
                 template: shorten(s),
@@ -252,8 +374,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn ctx() -> Value {
+    fn json() -> Value {
         json!({"inputs": {"text": "hi", "n": 5}, "state": {"seen": [1]}, "steps": {"a": {"output": {"label": "spam"}, "status": "completed"}}})
+    }
+
+    fn ctx() -> minijinja::Value {
+        json_context(&json())
     }
 
     #[test]
@@ -291,15 +417,15 @@ mod tests {
 
     #[test]
     fn predicates() {
-        assert!(eval_predicate("steps.a.output.label == 'spam'", &ctx()).expect("evaluates"));
-        assert!(eval_predicate("inputs.n > 3", &ctx()).expect("evaluates"));
-        assert!(!eval_predicate("size(state.seen) > 1", &ctx()).expect("evaluates"));
+        assert!(eval_predicate("steps.a.output.label == 'spam'", &json()).expect("evaluates"));
+        assert!(eval_predicate("inputs.n > 3", &json()).expect("evaluates"));
+        assert!(!eval_predicate("size(state.seen) > 1", &json()).expect("evaluates"));
         assert!(matches!(
-            eval_predicate("inputs.n", &ctx()),
+            eval_predicate("inputs.n", &json()),
             Err(RenderError::Predicate { .. })
         ));
         assert!(matches!(
-            eval_predicate("now() > 1", &ctx()),
+            eval_predicate("now() > 1", &json()),
             Err(RenderError::Predicate { .. })
         ));
     }

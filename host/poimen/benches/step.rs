@@ -16,6 +16,9 @@
 //!   (a chain of model steps answered by the scripted provider: what the
 //!   model-call intent costs, without a provider's latency).
 //!
+//! - `flat`: an ephemeral step against a bare sandbox call, and per-step
+//!   cost in a 10-step chain, a 1000-step chain and over 1 MiB of state
+//!   (kernel overhead; see [`flat`]).
 //! - `concurrent`: durable tool steps per second with 64 runs in flight
 //!   at once against one run at a time (group commit; see [`concurrent`]).
 //!
@@ -67,6 +70,38 @@ fn chain(n: usize, durable: bool) -> WorkflowDef {
         if i > 0 {
             def = def.with_edge(format!("s{}", i - 1), format!("s{i}"));
         }
+    }
+    def
+}
+
+/// A step that writes `inputs.big` into the declared state key `big`,
+/// then a chain of `n` pure tool steps: a run whose state holds the input.
+fn big_state_chain(n: usize) -> WorkflowDef {
+    let mut def = WorkflowDef::new(format!("bench.big{n}"))
+        .with_durable(false)
+        .with_state(
+            "big",
+            poimen_workflow::StateDecl::reduced(poimen_workflow::Reducer::Overwrite),
+        )
+        .with_step(
+            StepDef::tool(
+                "fill",
+                json_tool(),
+                json!({"value": "{{ inputs.big }}", "select": ""}),
+            )
+            .with_writes("big"),
+        );
+    let mut prev = "fill".to_owned();
+    for i in 0..n {
+        let id = format!("s{i}");
+        def = def
+            .with_step(StepDef::tool(
+                id.as_str(),
+                json_tool(),
+                json!({"value": {"n": "{{ inputs.n }}"}, "select": ""}),
+            ))
+            .with_edge(prev.as_str(), id.as_str());
+        prev = id;
     }
     def
 }
@@ -398,9 +433,109 @@ fn concurrent(_: &mut Criterion) {
     );
 }
 
+/// Kernel overhead (issue 16, target 1): an ephemeral pure tool step
+/// against a bare sandbox call of the same tool, and how the per-step cost
+/// moves with run length and state size — in each of `ROUNDS` rounds:
+/// - the sandbox call alone (`json`, median of 200);
+/// - per step of a 10-step chain: (t10 − t1) / 9;
+/// - per step of a 1000-step chain: (t1000 − t1) / 999;
+/// - per step of a 10-step chain after a step that wrote 1 MiB into the
+///   declared state: (t(fill+10) − t(fill+1)) / 9.
+///
+/// Medians over the rounds, ratios taken per round. Printed as one line;
+/// runs only under `cargo bench` and only when the filter admits `flat`.
+fn flat(_: &mut Criterion) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    if !args.iter().any(|a| a == "--bench") || filter.is_some_and(|f| !"flat".contains(f.as_str()))
+    {
+        return;
+    }
+    const ROUNDS: usize = 9;
+    let rt = runtime();
+    let dir = bench_dir();
+    let b = rt.block_on(setup(&dir));
+    let (c1, c10, c1000) = (
+        b.prepare(&rt, 1, false),
+        b.prepare(&rt, 10, false),
+        b.prepare(&rt, 1000, false),
+    );
+    let (big1, big10) = (
+        b.ready(&rt, &big_state_chain(1)),
+        b.ready(&rt, &big_state_chain(10)),
+    );
+    let big = json!({"n": 1, "big": "x".repeat(1 << 20)});
+    let small = json!({"n": 1});
+    let time_run = |r: &Arc<poimen_executor::Runnable>, input: &serde_json::Value, reps: usize| {
+        let v: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let out = rt
+                    .block_on(
+                        b.exec
+                            .run(r.clone(), input.clone(), StartOptions::default()),
+                    )
+                    .expect("run");
+                assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        quartile(&v, 2)
+    };
+    let time_call = |reps: usize| {
+        let v: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let inv = rt.block_on(b.wiring.sandbox.invoke_tool(ToolRequest::new(
+                    json_tool(),
+                    json!({"value": {"n": 1}, "select": ""}),
+                    "bench",
+                )));
+                black_box(inv.outcome.expect("json tool"));
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        quartile(&v, 2)
+    };
+    for r in [&c1, &c10, &c1000] {
+        time_run(r, &small, 2);
+    }
+    for r in [&big1, &big10] {
+        time_run(r, &big, 2);
+    }
+    let (mut call, mut s10, mut s1000, mut sbig) = (vec![], vec![], vec![], vec![]);
+    let (mut r10, mut r1000, mut rbig) = (vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        let c = time_call(200);
+        let t1 = time_run(&c1, &small, 15);
+        let p10 = (time_run(&c10, &small, 15) - t1) / 9.0;
+        let p1000 = (time_run(&c1000, &small, 1) - t1) / 999.0;
+        let pbig = (time_run(&big10, &big, 5) - time_run(&big1, &big, 5)) / 9.0;
+        call.push(c);
+        s10.push(p10);
+        s1000.push(p1000);
+        sbig.push(pbig);
+        r10.push(p10 / c);
+        r1000.push(p1000 / p10);
+        rbig.push(pbig / p10);
+    }
+    println!(
+        "flat ({ROUNDS} rounds): sandbox call {:.1} µs; ephemeral per step: 10-step chain {:.1} µs \
+         ({:.2}× the call), 1000-step chain {:.1} µs ({:.2}× the 10-step), 10 steps over 1 MiB \
+         of state {:.1} µs ({:.2}× the 10-step)",
+        quartile(&call, 2),
+        quartile(&s10, 2),
+        quartile(&r10, 2),
+        quartile(&s1000, 2),
+        quartile(&r1000, 2),
+        quartile(&sbig, 2),
+        quartile(&rbig, 2),
+    );
+}
+
 criterion_group! {
     name = step;
     config = Criterion::default().sample_size(30);
-    targets = benches, paired, concurrent
+    targets = benches, paired, concurrent, flat
 }
 criterion_main!(step);

@@ -26,7 +26,7 @@ fn render_key(def: &WorkflowDef, input: &Value) -> Result<String, StartError> {
             workflow: def.id.clone(),
         });
     };
-    let ctx = serde_json::json!({ "inputs": input });
+    let ctx = crate::render::json_context(&serde_json::json!({ "inputs": input }));
     crate::render::render_text(&template.0, &ctx)
         .map(|(text, _)| text)
         .map_err(|cause| StartError::Key {

@@ -17,7 +17,7 @@ use crate::episode::{
     CallOutcome, EpisodeEvent, Receipt, StepStatus, VerdictOutcome, VerdictRecord,
 };
 use crate::hash::hash_json;
-use crate::render::{context, render_args};
+use crate::render::{render_args, template_context};
 use crate::scope::RunScope;
 use crate::state::{RunState, reduce};
 
@@ -74,8 +74,11 @@ impl RunCtx {
             let Some(def) = self.runnable.step(&id).cloned() else {
                 return Err(Inconsistency::UnknownStep(id).into());
             };
-            let snap = self.snapshot().await;
-            let st = snap.steps.get(&id).cloned().unwrap_or_default();
+            let (st, executions_spent) = {
+                let snap = self.snapshot().await;
+                let st = snap.steps.get(&id).cloned().unwrap_or_default();
+                (st, snap.spent.step_executions)
+            };
             let (iteration, mut attempt) =
                 if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
                     (st.iteration, st.attempt)
@@ -110,7 +113,7 @@ impl RunCtx {
                     if matches!(def.kind, StepKind::Tool(_) | StepKind::Model(_)) {
                         self.defer_start(start, limit).await.map_err(reached)?;
                     } else {
-                        let executed = snap.spent.step_executions + self.queued_starts();
+                        let executed = executions_spent + self.queued_starts();
                         if let Some(max) = limit
                             && executed >= u64::from(max)
                         {
@@ -259,8 +262,8 @@ impl RunCtx {
     /// The receipt of step `id`'s current execution, from its recorded
     /// and queued events; `finished_at` is now.
     async fn receipt(&self, id: &StepId, output: Option<&Value>) -> Result<Receipt, Halt> {
-        let snap = self.preview().await?;
-        let st = snap.steps.get(id);
+        let st = self.preview_step(id).await?;
+        let st = st.as_ref();
         let kind = self
             .runnable
             .step(id)
@@ -382,8 +385,13 @@ impl RunCtx {
         at: AttemptId,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
-        let snap = self.snapshot().await;
-        let st = snap.steps.get(&def.id).cloned().unwrap_or_default();
+        let st = self
+            .snapshot()
+            .await
+            .steps
+            .get(&def.id)
+            .cloned()
+            .unwrap_or_default();
         // Only this very attempt's records count: a deferred step start
         // leaves the previous execution's records in the state.
         let this_attempt = st.iteration == at.iteration && st.attempt == at.attempt;
@@ -446,8 +454,8 @@ impl RunCtx {
                 // A workflow called as a tool: a child run, bounded like a
                 // sub-workflow by the step's timeout, which holds no worker
                 // of its own (its steps take theirs).
-                let args =
-                    render_args(&t.args.0, &context(&self.snapshot().await)).unwrap_or(Value::Null);
+                let args = render_args(&t.args.0, &template_context(&self.snapshot().await))
+                    .unwrap_or(Value::Null);
                 let end = self
                     .clone()
                     .workflow_tool_attempt(def, t, version, at, &group)

@@ -65,6 +65,9 @@ impl RunCtx {
             }
             .into());
         };
+        // Not held across the call: its commits would copy the state.
+        let tool_calls_spent = snap.spent.tool_calls;
+        drop(snap);
         let key = idempotency_key(self.run.as_str(), def.id.as_str(), iteration);
         let args_hash = hash_json(&args);
         let intent = |phase: IntentPhase,
@@ -129,7 +132,7 @@ impl RunCtx {
             }
             None => {
                 if let Some(max) = self.runnable.def.budget.tool_calls
-                    && snap.spent.tool_calls >= max
+                    && tool_calls_spent >= max
                 {
                     return Err(Halt::Fail(RunFailure::ToolCallBudget {
                         step: def.id.clone(),

@@ -43,7 +43,7 @@ use crate::kernel::Kernel;
 use crate::lease::Tenure;
 use crate::runnable::Runnable;
 use crate::scope::{RunScope, Stop};
-use crate::state::{FoldError, RunState};
+use crate::state::{FoldError, RunState, StepState};
 
 pub use start::Started;
 pub(crate) use start::{
@@ -388,7 +388,10 @@ pub(crate) struct RunCtx {
     /// The lease this host drives the run under; every commit carries its
     /// fence (see `lease.rs`).
     pub tenure: Arc<Tenure>,
-    state: tokio::sync::Mutex<RunState>,
+    /// The live state, shared with snapshots: a snapshot is a reference
+    /// count, and a commit copies the state only if a snapshot is still
+    /// held when it applies its events (`Arc::make_mut`).
+    state: tokio::sync::Mutex<Arc<RunState>>,
     /// Intent phases recorded per (step, iteration, attempt).
     intents: std::sync::Mutex<BTreeMap<(StepId, u32, u32), Vec<IntentPhase>>>,
     /// Records the next commit of each lane carries ahead of its own (see
@@ -513,7 +516,7 @@ impl RunCtx {
             scope: at.scope,
             depth: at.depth,
             tenure: at.tenure,
-            state: tokio::sync::Mutex::new(state),
+            state: tokio::sync::Mutex::new(Arc::new(state)),
             intents: std::sync::Mutex::new(phases),
             deferred: std::sync::Mutex::new(BTreeMap::new()),
         })
@@ -601,24 +604,40 @@ impl RunCtx {
         Ok(())
     }
 
-    /// A copy of the current state.
-    pub async fn snapshot(&self) -> RunState {
-        self.state.lock().await.clone()
+    /// The current state, as of now: shared, not copied (the next commit
+    /// copies it only if this snapshot is still alive then — drop it
+    /// before committing where that is easy).
+    pub async fn snapshot(&self) -> Arc<RunState> {
+        Arc::clone(&*self.state.lock().await)
     }
 
-    /// The state as it will be once this lane's queued records are
-    /// committed.
-    async fn preview(&self) -> Result<RunState, Halt> {
-        let mut state = self.snapshot().await;
+    /// Step `id`'s state as it will be once this lane's queued records are
+    /// committed. Only that step is copied: the queued events are applied
+    /// to a scratch state holding it alone (what other steps or the run's
+    /// counters would become is not read), so the cost does not grow with
+    /// the run.
+    async fn preview_step(&self, id: &StepId) -> Result<Option<StepState>, Halt> {
+        let snap = self.snapshot().await;
         let events = self
             .deferred()
             .get(&lane())
             .map(|d| d.events.clone())
             .unwrap_or_default();
+        if events.is_empty() {
+            return Ok(snap.steps.get(id).cloned());
+        }
+        let mut scratch = RunState {
+            last_seq: snap.last_seq,
+            ..RunState::default()
+        };
+        if let Some(st) = snap.steps.get(id) {
+            scratch.steps.insert(id.clone(), st.clone());
+        }
+        drop(snap);
         let at = self.kernel.clock.now_ms();
-        let first = state.last_seq.map_or(0, |s| s + 1);
+        let first = scratch.last_seq.map_or(0, |s| s + 1);
         for (i, event) in events.into_iter().enumerate() {
-            state
+            scratch
                 .apply(&Recorded {
                     seq: first + i as u64,
                     at,
@@ -626,7 +645,7 @@ impl RunCtx {
                 })
                 .map_err(Inconsistency::from)?;
         }
-        Ok(state)
+        Ok(scratch.steps.remove(id))
     }
 
     /// Records events in one buffered commit, then applies them.
@@ -659,8 +678,9 @@ impl RunCtx {
         let fence = Some(self.tenure.fence());
         let (commit, recorded) = store_commit(&self.run, fence, first, at, events, batch);
         self.store.commit(commit).await?;
+        let live = Arc::make_mut(&mut state);
         for r in &recorded {
-            state.apply(r)?;
+            live.apply(r)?;
         }
         drop(state);
         if !intents.is_empty() {

@@ -400,7 +400,7 @@ impl RunCtx {
                     }])
                     .await
             {
-                let mut o = RunOutcome::of(&self.run, snap);
+                let mut o = RunOutcome::of(&self.run, Arc::unwrap_or_clone(snap));
                 o.reason = Some(format!(
                     "the run could not be resumed, its episode ends where it stopped: {e}"
                 ));

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::episode::{EpisodeEvent, StepStatus};
 use crate::hash::canonical_json;
-use crate::render::{context, eval_predicate, render_args};
+use crate::render::{context, eval_predicate, render_args, template_context};
 use crate::scope::Interruption;
 use crate::state::RunState;
 
@@ -90,6 +90,8 @@ impl RunCtx {
             let Some(next) = next.map(|i| shape.id(i).clone()) else {
                 return self.complete(&snap).await;
             };
+            // Not held across the step: its commits would copy the state.
+            drop(snap);
             match self
                 .clone()
                 .exec_step(next.clone(), None, self.scope.clone())
@@ -178,6 +180,8 @@ impl RunCtx {
                 return Ok(());
             }
         }
+        // Not held across the commit: it would copy the state.
+        drop(snap);
         let body = shape
             .loop_body(edge.from, edge.to)
             .into_iter()
@@ -194,10 +198,10 @@ impl RunCtx {
     }
 
     /// All top-level steps completed: build, check and record the output.
-    async fn complete(&self, snap: &RunState) -> Result<(), Halt> {
+    async fn complete(&self, snap: &Arc<RunState>) -> Result<(), Halt> {
         let def = &self.runnable.def;
         let output = match &def.output {
-            Some(t) => render_args(&t.0, &context(snap))
+            Some(t) => render_args(&t.0, &template_context(snap))
                 .map_err(|e| Halt::Fail(RunFailure::OutputTemplate(e)))?,
             None => snap
                 .completed_order
@@ -325,7 +329,7 @@ impl RunCtx {
                 .map_err(Halt::from),
             Err(h @ Halt::Store(_)) => Err(h),
         };
-        let mut outcome = RunOutcome::of(&self.run, self.snapshot().await);
+        let mut outcome = RunOutcome::of(&self.run, Arc::unwrap_or_clone(self.snapshot().await));
         match written {
             Ok(()) => {}
             // The store cannot take writes: report the cause; the stored run

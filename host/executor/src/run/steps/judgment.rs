@@ -16,7 +16,7 @@ use crate::crash::crash_point;
 use crate::effects::{Failure, FailureClass};
 use crate::episode::EpisodeEvent;
 use crate::hash::{hash_bytes, hash_json, idempotency_key};
-use crate::render::{context, render_text};
+use crate::render::{render_text, template_context};
 use crate::run::attempt::AttemptId;
 use crate::run::{Batch, Halt, RunCtx, StatusChange, StepEnd};
 use crate::state::JudgmentState;
@@ -73,7 +73,7 @@ impl RunCtx {
     ) -> Result<StepEnd, Halt> {
         let iteration = at.iteration;
         let snap = self.snapshot().await;
-        let ctx = context(&snap);
+        let ctx = template_context(&snap);
         let question = match render_text(&j.question.0, &ctx) {
             Ok((q, _)) => q,
             Err(e) => return Ok(StepEnd::Failed(render_failure(e))),

@@ -11,7 +11,7 @@ use crate::crash::crash_point;
 use crate::effects::{Contract, Failure, FailureClass, ModelRequest};
 use crate::episode::EpisodeEvent;
 use crate::hash::hash_json;
-use crate::render::{context, render_text};
+use crate::render::{render_text, template_context};
 use crate::run::attempt::AttemptId;
 use crate::run::{Batch, Halt, RunCtx, StepEnd};
 use crate::scope::RunScope;
@@ -26,7 +26,7 @@ impl RunCtx {
         scope: &RunScope,
     ) -> Result<(Value, StepEnd), Halt> {
         let snap = self.snapshot().await;
-        let ctx = context(&snap);
+        let ctx = template_context(&snap);
         let (prompt, mut partition) = match render_text(&m.prompt.0, &ctx) {
             Ok(p) => p,
             Err(e) => return Ok((Value::Null, StepEnd::Failed(render_failure(e)))),

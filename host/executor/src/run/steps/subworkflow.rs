@@ -14,7 +14,7 @@ use crate::effects::{Failure, FailureClass};
 use crate::episode::{EpisodeEvent, ParentLink};
 use crate::hash::hash_json;
 use crate::kernel::MAX_SUBWORKFLOW_DEPTH;
-use crate::render::{context, render_args};
+use crate::render::{render_args, template_context};
 use crate::run::attempt::AttemptId;
 use crate::run::start::{CreateError, NewRunSpec, create, load, new_ulid};
 use crate::run::{Batch, Halt, Inconsistency, RunCtx, RunOutcome, StatusChange, StepEnd};
@@ -104,7 +104,7 @@ impl RunCtx {
                 let Some((version, pins)) = child else {
                     return Err(unresolved().into());
                 };
-                let input = match render_args(input_template, &context(&snap)) {
+                let input = match render_args(input_template, &template_context(&snap)) {
                     Ok(i) => i,
                     Err(e) => return Ok(StepEnd::Failed(render_failure(e))),
                 };

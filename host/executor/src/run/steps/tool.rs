@@ -7,7 +7,7 @@ use poimen_workflow::{StepDef, ToolStep};
 use serde_json::Value;
 
 use super::render_failure;
-use crate::render::{context, render_args};
+use crate::render::{render_args, template_context};
 use crate::run::attempt::{AfterCall, AttemptId};
 use crate::run::{Halt, RunCtx, StepEnd};
 use crate::scope::RunScope;
@@ -21,8 +21,8 @@ impl RunCtx {
         after: AfterCall,
         scope: &RunScope,
     ) -> Result<(Value, StepEnd), Halt> {
-        let snap = self.snapshot().await;
-        let args = match render_args(&t.args.0, &context(&snap)) {
+        let rendered = render_args(&t.args.0, &template_context(&self.snapshot().await));
+        let args = match rendered {
             Ok(a) => a,
             Err(e) => return Ok((Value::Null, StepEnd::Failed(render_failure(e)))),
         };
