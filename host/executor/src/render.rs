@@ -415,6 +415,63 @@ mod tests {
         );
     }
 
+    /// The run's state behind `json()`, for the lazy context.
+    fn run_state() -> Arc<RunState> {
+        use crate::episode::StepStatus;
+        use crate::state::StepState;
+        let mut run = RunState {
+            input: json!({"text": "hi", "n": 5}),
+            ..RunState::default()
+        };
+        run.state.insert("seen".into(), json!([1]));
+        run.steps.insert(
+            "a".into(),
+            StepState {
+                status: StepStatus::Completed,
+                output: Some(json!({"label": "spam"})),
+                ..StepState::default()
+            },
+        );
+        run.steps.insert("b".into(), StepState::default());
+        Arc::new(run)
+    }
+
+    /// The lazy context renders exactly as the JSON one: values, whole
+    /// objects, iteration, and strict undefined names.
+    #[test]
+    fn the_template_context_reads_as_the_json_one() {
+        let lazy = template_context(&run_state());
+        let mut whole = json();
+        whole["steps"]["b"] = json!({"status": "pending"});
+        let eager = json_context(&whole);
+        for t in [
+            "{{ inputs.text }} {{ inputs.n + 1 }} {{ state.seen[0] }}",
+            "{{ steps.a.output.label }} {{ steps.a.status }} {{ steps.b.status }}",
+            "{% for k in steps %}{{ k }},{% endfor %} {{ steps|length }} {{ state|length }}",
+            "{% for k, v in steps|items %}{{ k }}={{ v.status }};{% endfor %}",
+            "{{ steps.b.output is defined }} {{ 'a' in steps }} {{ 'zz' in steps }}",
+        ] {
+            assert_eq!(
+                render_text(t, &lazy).expect(t),
+                render_text(t, &eager).expect(t),
+                "{t}"
+            );
+        }
+        let args = json!({"o": "{{ steps.a }}", "i": "{{ inputs }}", "s": "{{ state }}"});
+        assert_eq!(
+            render_args(&args, &lazy).expect("renders"),
+            render_args(&args, &eager).expect("renders")
+        );
+        for t in [
+            "{{ steps.b.output }}",
+            "{{ steps.zzz.output }}",
+            "{{ nope }}",
+        ] {
+            assert!(render_text(t, &lazy).is_err(), "{t}");
+            assert!(render_text(t, &eager).is_err(), "{t}");
+        }
+    }
+
     #[test]
     fn predicates() {
         assert!(eval_predicate("steps.a.output.label == 'spam'", &json()).expect("evaluates"));
