@@ -206,6 +206,36 @@ fn fsync_page(f: &mut std::fs::File) {
     f.sync_data().expect("fsync");
 }
 
+/// Whether a section printed as one line (`paired`, `concurrent`, `flat`)
+/// runs: only under `cargo bench` (not `--test`), and only when the
+/// command line's filter, if any, is part of its name.
+fn section_wanted(name: &str) -> bool {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().find(|a| !a.starts_with('-'));
+    args.iter().any(|a| a == "--bench") && filter.is_none_or(|f| name.contains(f.as_str()))
+}
+
+/// Runs `r` on `input` `reps` times, one after another: the median, in µs.
+fn median_run(
+    rt: &tokio::runtime::Runtime,
+    exec: &Executor,
+    r: &Arc<poimen_executor::Runnable>,
+    input: &serde_json::Value,
+    reps: usize,
+) -> f64 {
+    let v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let out = rt
+                .block_on(exec.run(r.clone(), input.clone(), StartOptions::default()))
+                .expect("run");
+            assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    quartile(&v, 2)
+}
+
 /// The `k`-th quartile of `v` (2: the median).
 fn quartile(v: &[f64], k: usize) -> f64 {
     let mut v = v.to_vec();
@@ -266,11 +296,7 @@ fn benches(c: &mut Criterion) {
 /// Printed as one line; runs only under `cargo bench` (not `--test`) and
 /// only when the filter admits `paired`.
 fn paired(_: &mut Criterion) {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let filter = args.iter().find(|a| !a.starts_with('-'));
-    if !args.iter().any(|a| a == "--bench")
-        || filter.is_some_and(|f| !"paired".contains(f.as_str()))
-    {
+    if !section_wanted("paired") {
         return;
     }
     let rt = runtime();
@@ -287,21 +313,7 @@ fn paired(_: &mut Criterion) {
     );
     // Times one run of `prepared`, in µs: the median of `reps`.
     let time_run = |prepared: &Arc<poimen_executor::Runnable>, reps: usize| {
-        let v: Vec<f64> = (0..reps)
-            .map(|_| {
-                let t = std::time::Instant::now();
-                let out = rt
-                    .block_on(b.exec.run(
-                        prepared.clone(),
-                        json!({"n": 1}),
-                        StartOptions::default(),
-                    ))
-                    .expect("run");
-                assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        quartile(&v, 2)
+        median_run(&rt, &b.exec, prepared, &json!({"n": 1}), reps)
     };
     let mut f = fsync_file(dir.join("paired-fsync.bin"));
     let mut time_fsync = |reps: usize| {
@@ -364,11 +376,7 @@ fn paired(_: &mut Criterion) {
 /// commits each write transaction carried. Printed as one line; runs only
 /// under `cargo bench` and only when the filter admits `concurrent`.
 fn concurrent(_: &mut Criterion) {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let filter = args.iter().find(|a| !a.starts_with('-'));
-    if !args.iter().any(|a| a == "--bench")
-        || filter.is_some_and(|f| !"concurrent".contains(f.as_str()))
-    {
+    if !section_wanted("concurrent") {
         return;
     }
     const ROUNDS: usize = 7;
@@ -445,10 +453,7 @@ fn concurrent(_: &mut Criterion) {
 /// Medians over the rounds, ratios taken per round. Printed as one line;
 /// runs only under `cargo bench` and only when the filter admits `flat`.
 fn flat(_: &mut Criterion) {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let filter = args.iter().find(|a| !a.starts_with('-'));
-    if !args.iter().any(|a| a == "--bench") || filter.is_some_and(|f| !"flat".contains(f.as_str()))
-    {
+    if !section_wanted("flat") {
         return;
     }
     const ROUNDS: usize = 9;
@@ -467,20 +472,7 @@ fn flat(_: &mut Criterion) {
     let big = json!({"n": 1, "big": "x".repeat(1 << 20)});
     let small = json!({"n": 1});
     let time_run = |r: &Arc<poimen_executor::Runnable>, input: &serde_json::Value, reps: usize| {
-        let v: Vec<f64> = (0..reps)
-            .map(|_| {
-                let t = std::time::Instant::now();
-                let out = rt
-                    .block_on(
-                        b.exec
-                            .run(r.clone(), input.clone(), StartOptions::default()),
-                    )
-                    .expect("run");
-                assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
-                t.elapsed().as_secs_f64() * 1e6
-            })
-            .collect();
-        quartile(&v, 2)
+        median_run(&rt, &b.exec, r, input, reps)
     };
     let time_call = |reps: usize| {
         let v: Vec<f64> = (0..reps)
