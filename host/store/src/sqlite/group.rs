@@ -87,12 +87,12 @@ impl Inner {
             q.leading
         };
         if more {
-            let inner = Arc::clone(self);
+            let handoff = Handoff(Some(Arc::clone(self)));
             match tokio::runtime::Handle::try_current() {
                 Ok(h) => {
-                    h.spawn_blocking(move || inner.drain());
+                    h.spawn_blocking(move || handoff.run());
                 }
-                Err(_) => inner.drain(),
+                Err(_) => handoff.run(),
             }
         }
     }
@@ -234,6 +234,30 @@ impl Drop for Leading<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let mut q = self.0.queue();
+            q.leading = false;
+            q.items.clear();
+        }
+    }
+}
+
+/// The queue handed to a blocking-pool thread. If the thread never runs
+/// it (the runtime is shutting down and drops the task), dropping this
+/// stops leading and answers what is queued with [`answer_lost`], so no
+/// later commit on this store waits for a writer that will never come.
+struct Handoff(Option<Arc<Inner>>);
+
+impl Handoff {
+    fn run(mut self) {
+        if let Some(inner) = self.0.take() {
+            inner.drain();
+        }
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            let mut q = inner.queue();
             q.leading = false;
             q.items.clear();
         }

@@ -247,3 +247,66 @@ async fn a_batch_that_fails_as_a_whole_answers_each_commit_for_itself() {
         .await
         .expect("a small commit after the full ones");
 }
+
+/// The runtime shuts down while commits wait for the writer: the queue the
+/// leader would hand over is never written, and the store does not stay
+/// "led" by nobody — a commit from another runtime afterwards is written.
+#[test]
+fn a_queue_dropped_at_runtime_shutdown_leaves_the_store_writable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = Arc::new(
+        first
+            .block_on(SqliteStore::open(dir.path().join("s.db")))
+            .expect("open"),
+    );
+    let ids = first.block_on(runs(&store, 3));
+    let (release, holder) = hold_writer(&store);
+    for (k, id) in ids.iter().enumerate() {
+        let (s, c) = (
+            Arc::clone(&store),
+            commit(id, 0, Vec::new(), Durability::Sync),
+        );
+        first.spawn(async move { s.commit(c).await });
+        // The first leads and waits for the writer; the others queue.
+        for _ in 0..2000 {
+            let q = store.inner.queue();
+            if q.leading && q.items.len() == k {
+                break;
+            }
+            drop(q);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(store.inner.queue().items.len(), 2, "two commits queued");
+    first.shutdown_background();
+    release.send(()).expect("release");
+    holder.join().expect("holder");
+    // The leader writes its own commit, then cannot hand the queue over.
+    for _ in 0..5000 {
+        if !store.inner.queue().leading {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!store.inner.queue().leading, "nobody leads any more");
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    second.block_on(async {
+        let next = store.commit(commit(&ids[1], 0, Vec::new(), Durability::Sync));
+        tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the commit is written, not left waiting")
+            .expect("commit");
+        assert_eq!(store.events(&ids[0]).await.expect("events").len(), 1);
+        assert_eq!(store.events(&ids[1]).await.expect("events").len(), 1);
+        assert!(store.events(&ids[2]).await.expect("events").is_empty());
+    });
+}
