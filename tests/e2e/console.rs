@@ -136,41 +136,53 @@ async fn until_status(http: &reqwest::Client, base: &str, run: &str, want: &str,
     }
 }
 
+/// Does `act` on the element `at` names, once it is there. The console's
+/// script replaces live parts of a page in place, so an element found may
+/// be gone by the time it is used (a stale reference, and the action did
+/// not happen): it is looked up again and the action retried.
+async fn on_element<T, F, Fut>(b: &Client, at: Locator<'_>, what: &str, act: F) -> T
+where
+    F: Fn(fantoccini::elements::Element) -> Fut,
+    Fut: std::future::Future<Output = Result<T, fantoccini::error::CmdError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = b
+            .wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(at)
+            .await
+            .unwrap_or_else(|e| panic!("no {what} at {at:?}: {e}"));
+        match act(found).await {
+            Ok(done) => return done,
+            Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what} at {at:?}: {e}"),
+        }
+    }
+}
+
 /// The text of the first element `css` names, waiting for it to appear
 /// (a click does not wait for the page it loads).
 async fn text(b: &Client, css: &str) -> String {
-    b.wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no {css}: {e}"))
-        .text()
-        .await
-        .expect("text")
+    on_element(
+        b,
+        Locator::Css(css),
+        "text",
+        |e| async move { e.text().await },
+    )
+    .await
 }
 
 /// Clicks the element `at` names, once it is there.
 async fn click(b: &Client, at: Locator<'_>) {
-    b.wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(at)
-        .await
-        .unwrap_or_else(|e| panic!("nothing to click at {at:?}: {e}"))
-        .click()
-        .await
-        .expect("click");
+    on_element(b, at, "click", |e| async move { e.click().await.map(drop) }).await
 }
 
 /// Types `keys` into the input `at` names, once it is there.
 async fn type_into(b: &Client, at: Locator<'_>, keys: &str) {
-    b.wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(at)
-        .await
-        .unwrap_or_else(|e| panic!("no input at {at:?}: {e}"))
-        .send_keys(keys)
-        .await
-        .expect("type");
+    on_element(b, at, "input", |e| async move { e.send_keys(keys).await }).await
 }
 
 /// Waits until the browser is at `path`.
@@ -187,13 +199,24 @@ async fn at_path(b: &Client, path: &str) {
 }
 
 async fn attrs(b: &Client, css: &str, attr: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in b.find_all(Locator::Css(css)).await.expect("find_all") {
-        if let Some(v) = e.attr(attr).await.expect("attr") {
-            out.push(v);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    'again: loop {
+        let mut out = Vec::new();
+        for e in b.find_all(Locator::Css(css)).await.expect("find_all") {
+            match e.attr(attr).await {
+                Ok(Some(v)) => out.push(v),
+                Ok(None) => {}
+                // Replaced by a live refresh between lookup and read: read
+                // the whole set again.
+                Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue 'again;
+                }
+                Err(e) => panic!("{attr} of {css}: {e}"),
+            }
         }
+        return out;
     }
-    out
 }
 
 #[test]
@@ -318,22 +341,20 @@ fn the_console_in_a_browser_shows_runs_and_acts_on_them() {
         assert_eq!(status_of(&http, &api, &waiting).await, "waiting_judgment");
         screenshot(&b, "judgment-form.png").await;
         // A valid one, through the generated fields: the run completes.
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("textarea[name=result_json]"))
-            .await
-            .expect("result_json")
-            .clear()
-            .await
-            .expect("clear");
-        b.wait()
-            .at_most(Duration::from_secs(30))
-            .for_element(Locator::Css("select[name='field.go']"))
-            .await
-            .expect("the go field")
-            .select_by_value("true")
-            .await
-            .expect("select");
+        on_element(
+            &b,
+            Locator::Css("textarea[name=result_json]"),
+            "result_json",
+            |e| async move { e.clear().await },
+        )
+        .await;
+        on_element(
+            &b,
+            Locator::Css("select[name='field.go']"),
+            "the go field",
+            |e| async move { e.select_by_value("true").await },
+        )
+        .await;
         click(&b, Locator::Css("#answer input[name=confirmed]")).await;
         click(&b, Locator::Css("#answer button")).await;
         at_path(&b, &format!("/runs/{waiting}")).await;
