@@ -241,6 +241,16 @@ pub trait ToolHost: Send + Sync {
     async fn invoke(&self, call: ToolCall) -> ToolResult;
     /// Invokes a verifier. Dropping the future must interrupt the call promptly.
     async fn verify(&self, call: VerifierCall) -> VerifierResult;
+    /// Whether a call to `tool` can have no effect outside its result (a
+    /// pure component granted no network and no writable mount), so that
+    /// making it again is always safe. The intent wrapper then writes the
+    /// call's `Pending` and `Dispatched` with its outcome instead of ahead
+    /// of the call (see `run/intent.rs`). `false` — the write-ahead path —
+    /// unless the host knows better.
+    fn effect_free(&self, tool: &ToolIdentity) -> bool {
+        let _ = tool;
+        false
+    }
 }
 
 /// Tokens used by one model call.

@@ -9,7 +9,9 @@
 //! of it lands: the walk halts there, and the new holder carries on from
 //! the episode. Every effect is preceded by a fenced commit (its `Pending`
 //! and `Dispatched` intents), so a host that lost a run dispatches nothing
-//! more for it.
+//! more for it. (An effect-free call writes nothing ahead of itself; one
+//! that a lost host still makes changes nothing, and its outcome's commit
+//! is refused.)
 //!
 //! While a run is driven, a heartbeat task renews its lease every third of
 //! the lease's time to live; the lease is released when the driving stops

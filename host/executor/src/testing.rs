@@ -19,8 +19,8 @@ use poimen_workflow::{
 use serde_json::Value;
 
 use crate::effects::{
-    Clock, Failure, FailureClass, Sleep, ToolCall, ToolHost, ToolResult, Verdict, VerifierCall,
-    VerifierResult,
+    Clock, Failure, FailureClass, Sleep, ToolCall, ToolHost, ToolIdentity, ToolResult, Verdict,
+    VerifierCall, VerifierResult,
 };
 use crate::runnable::{Runnable, WorkflowLoader};
 
@@ -145,6 +145,8 @@ pub struct ScriptedTools {
     per_tool: Mutex<BTreeMap<String, u32>>,
     in_flight: Arc<AtomicUsize>,
     gate: Arc<tokio::sync::Semaphore>,
+    /// Tools answered as effect-free (see [`ToolHost::effect_free`]).
+    effect_free: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for ScriptedTools {
@@ -193,7 +195,16 @@ impl ScriptedTools {
             per_tool: Mutex::new(BTreeMap::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            effect_free: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// Answers [`ToolHost::effect_free`] with `true` for the tool `name`
+    /// (as the sandbox does for a pure component granted no network and
+    /// no writable mount); every other tool keeps the write-ahead path.
+    pub fn effect_free(mut self, name: &str) -> ScriptedTools {
+        self.effect_free.insert(name.to_owned());
+        self
     }
 
     /// A tool `name` at version 1.0.0: `answer` gets the call and how many
@@ -326,6 +337,10 @@ impl Drop for InFlight {
 
 #[async_trait]
 impl ToolHost for ScriptedTools {
+    fn effect_free(&self, tool: &ToolIdentity) -> bool {
+        self.effect_free.contains(&tool.name)
+    }
+
     async fn invoke(&self, call: ToolCall) -> ToolResult {
         lock(&self.calls).push(call.clone());
         let n = {

@@ -1933,6 +1933,10 @@ async fn walk_a_workflow_called_as_a_tool_is_one_child_run_whose_output_is_the_s
 // | with a verifier   | 2/4 → 2/3        | 2/5 → 2/4      |
 // | in a sub-workflow | 2/2 → 2/2        | 2/3 → 2/3      |
 //
+// An effect-free tool (pure, granted no network and no writable mount:
+// `ToolHost::effect_free`) writes nothing ahead of its call: 1/1 on the
+// spine, in a branch and in a sub-workflow, 1/2 with a verifier.
+//
 // A non-idempotent tool's `Pending` is a commit of its own, buffered (see
 // `durable_a_spine_tool_step_takes_two_fsyncs`). When verifiers follow a
 // call, its outcome is fsynced before they run (`AfterCall` in
@@ -1950,8 +1954,8 @@ enum Logged {
         steps: std::collections::BTreeSet<String>,
         /// Its events' kinds, with the step each names.
         events: Vec<(String, Option<String>)>,
-        /// Its intents: step, phase, idempotency key.
-        intents: Vec<(String, IntentPhase, String)>,
+        /// Its intents: step, phase, idempotency key, tool.
+        intents: Vec<(String, IntentPhase, String, String)>,
     },
     /// Another write, durable when it returns (every write but a commit
     /// is: a run's creation, a blob, a claim, a timer), by its method.
@@ -2070,15 +2074,22 @@ impl Store for CountingStore {
             .iter()
             .map(|e| (e.kind.clone(), step_of(&e.body)))
             .collect();
-        let intents: Vec<(String, IntentPhase, String)> = commit
+        let intents: Vec<(String, IntentPhase, String, String)> = commit
             .intents
             .iter()
-            .map(|i| (i.step.to_string(), i.phase, i.idempotency_key.clone()))
+            .map(|i| {
+                (
+                    i.step.to_string(),
+                    i.phase,
+                    i.idempotency_key.clone(),
+                    i.tool.clone(),
+                )
+            })
             .collect();
         let steps = events
             .iter()
             .filter_map(|(_, s)| s.clone())
-            .chain(intents.iter().map(|(s, _, _)| s.clone()))
+            .chain(intents.iter().map(|(s, _, _, _)| s.clone()))
             .collect();
         let entry = Logged::Commit {
             run: commit.run.clone(),
@@ -2215,16 +2226,21 @@ impl Store for CountingStore {
     }
 }
 
-/// Tools that log each call's start in the store's log: `pure`,
+/// Tools that log each call's start in the store's log: `free` (pure and
+/// effect-free), `pure` (pure, but answered as not effect-free — as a
+/// sandbox answers for a pure component granted the network),
 /// `idempotent`, `once` (non-idempotent), each echoing its arguments, and
 /// the verifier `nonempty`.
 fn counted_tools(log: &Log) -> ScriptedTools {
-    let mut tools = ScriptedTools::new().verifier("nonempty", |call| Verdict {
-        pass: !call.output.is_null(),
-        score: 1.0,
-        reason: "the output is empty".into(),
-    });
+    let mut tools = ScriptedTools::new()
+        .verifier("nonempty", |call| Verdict {
+            pass: !call.output.is_null(),
+            score: 1.0,
+            reason: "the output is empty".into(),
+        })
+        .effect_free("free");
     for (name, effect) in [
+        ("free", EffectClass::Pure),
         ("pure", EffectClass::Pure),
         ("idempotent", EffectClass::Idempotent),
         ("once", EffectClass::NonIdempotent),
@@ -2287,7 +2303,9 @@ fn cost(syncs: usize, commits: usize) -> StepCost {
 /// - the call's `Dispatched` intent is in a `Sync` commit that returned
 ///   before the call began, and its `Pending` in that commit or an earlier
 ///   one of the run (durable no later than `Dispatched`: a buffered commit
-///   is ordered before the fsync that follows it);
+///   is ordered before the fsync that follows it) — unless the tool is
+///   `free` (effect-free): then nothing of the call is written before it,
+///   and `Pending`, `Dispatched` and the outcome are in one commit after it;
 /// - its outcome (`Committed`/`Failed`) follows the call and is made
 ///   durable — by its own commit or a later `Sync` write — before the run
 ///   commits anything of another step, or its end;
@@ -2311,7 +2329,7 @@ fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
         let with = |phase: IntentPhase| {
             log.iter().position(|e| match e {
                 Logged::Commit { intents, .. } => {
-                    intents.iter().any(|(_, p, k)| *p == phase && k == key)
+                    intents.iter().any(|(_, p, k, _)| *p == phase && k == key)
                 }
                 _ => false,
             })
@@ -2323,21 +2341,28 @@ fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
         else {
             unreachable!("`with` finds commits only")
         };
-        let step = intents
+        let (step, tool) = intents
             .iter()
-            .find(|(_, _, k)| k == key)
-            .map(|(s, _, _)| s.clone())
+            .find(|(_, _, k, _)| k == key)
+            .map(|(s, _, _, t)| (s.clone(), t.clone()))
             .expect("the intent's step");
-        assert!(*sync, "`{step}`: its `Dispatched` is fsynced");
-        assert!(
-            dispatched < called,
-            "`{step}`: `Dispatched` is durable before the call"
-        );
         let pending = with(IntentPhase::Pending).expect("a pending intent");
-        assert!(pending <= dispatched, "`{step}`: `Pending` first");
         let outcome = with(IntentPhase::Committed)
             .or_else(|| with(IntentPhase::Failed))
             .expect("an outcome");
+        if tool == "free" {
+            assert!(
+                pending == dispatched && dispatched == outcome,
+                "`{step}`: an effect-free call's intents ride with its outcome"
+            );
+        } else {
+            assert!(*sync, "`{step}`: its `Dispatched` is fsynced");
+            assert!(
+                dispatched < called,
+                "`{step}`: `Dispatched` is durable before the call"
+            );
+            assert!(pending <= dispatched, "`{step}`: `Pending` first");
+        }
         assert!(outcome > called, "`{step}`: the outcome follows the call");
         let durable_at = durable(outcome).expect("the outcome is made durable");
         // The run's next commit that is not about this step: another
@@ -2427,9 +2452,35 @@ async fn assert_costs(
     log
 }
 
-/// The costs each tool class is expected to come to: (pure and idempotent,
-/// non-idempotent).
-const TOOLS: [(&str, bool); 3] = [("pure", true), ("idempotent", true), ("once", false)];
+/// How a tool's calls are written (see `run/intent.rs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Writes {
+    /// Effect-free: nothing ahead of the call.
+    Nothing,
+    /// Pure or idempotent: `Pending` and `Dispatched` in one fsynced commit.
+    Ahead,
+    /// Non-idempotent: `Pending` in a buffered commit of its own, then
+    /// `Dispatched` fsynced.
+    PendingApart,
+}
+
+/// Each counted tool, and how its calls are written.
+const TOOLS: [(&str, Writes); 4] = [
+    ("free", Writes::Nothing),
+    ("pure", Writes::Ahead),
+    ("idempotent", Writes::Ahead),
+    ("once", Writes::PendingApart),
+];
+
+/// What a plain tool step (on the spine, in a branch, in a child run)
+/// costs for each way of writing.
+fn plain_cost(writes: Writes) -> StepCost {
+    match writes {
+        Writes::Nothing => cost(1, 1),
+        Writes::Ahead => cost(2, 2),
+        Writes::PendingApart => cost(2, 3),
+    }
+}
 
 /// Two tool steps of `tool` one after the other (so the first's outcome
 /// must be durable before the second starts).
@@ -2453,8 +2504,11 @@ async fn durable_a_spine_tool_step_takes_two_fsyncs() {
     // order, so `Dispatched`'s fsync makes `Pending` durable first, and no
     // crash — of the process or of the machine — leaves `Dispatched`
     // without it. Three commits, two of them fsyncs.
-    for (tool, repeatable) in TOOLS {
-        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+    //
+    // Effect-free: start, `Pending`, `Dispatched`, `tool_called`, outcome
+    // and the step's end in one fsynced commit.
+    for (tool, writes) in TOOLS {
+        let c = plain_cost(writes);
         assert_costs(&spine_of(tool), None, &[("a", c), ("b", c)]).await;
     }
 }
@@ -2466,7 +2520,7 @@ async fn durable_a_tool_step_in_each_branch_of_a_fanout_takes_two_fsyncs() {
     // non-idempotent `Pending` a buffered commit more). The commits of the
     // branches interleave, and none carries another branch's records
     // (`step_costs`).
-    for (tool, repeatable) in TOOLS {
+    for (tool, writes) in TOOLS {
         let def = WorkflowDef::new("t.fan")
             .with_step(StepDef::parallel("fan", ["left", "mid", "right"]))
             .with_step(StepDef::tool("left", r(tool), json!("L")))
@@ -2474,7 +2528,7 @@ async fn durable_a_tool_step_in_each_branch_of_a_fanout_takes_two_fsyncs() {
             .with_step(StepDef::tool("right", r(tool), json!("R")))
             .with_step(StepDef::tool("after", r(tool), json!("A")))
             .with_edge("fan", "after");
-        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+        let c = plain_cost(writes);
         let log = assert_costs(
             &def,
             None,
@@ -2503,7 +2557,11 @@ async fn durable_a_tool_step_in_each_branch_of_a_fanout_takes_two_fsyncs() {
                 .enumerate()
                 .any(|(j, (f2, l2))| i != j && f2 < l && f < l2)
         });
-        assert!(overlap, "{tool}: the branches interleave: {spans:?}");
+        // (An effect-free branch is one commit: nothing to interleave.)
+        assert!(
+            overlap || writes == Writes::Nothing,
+            "{tool}: the branches interleave: {spans:?}"
+        );
     }
 }
 
@@ -2512,8 +2570,9 @@ async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
     // The call's outcome is fsynced on its own before the verifier runs
     // (a crash while it runs must not cost the call), and the verdicts
     // ride with the step's end, buffered: 2 fsyncs, 3 commits (4 with a
-    // non-idempotent tool's own `Pending`).
-    for (tool, repeatable) in TOOLS {
+    // non-idempotent tool's own `Pending`; 1 fsync, 2 commits for an
+    // effect-free one, whose intents ride with its outcome).
+    for (tool, writes) in TOOLS {
         let verified = |id: &str| {
             StepDef::tool(id, r(tool), json!({"x": 1})).with_verifier(r("nonempty"), Value::Null)
         };
@@ -2521,7 +2580,11 @@ async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
             .with_step(verified("a"))
             .with_step(verified("b"))
             .with_edge("a", "b");
-        let c = if repeatable { cost(2, 3) } else { cost(2, 4) };
+        let c = match writes {
+            Writes::Nothing => cost(1, 2),
+            Writes::Ahead => cost(2, 3),
+            Writes::PendingApart => cost(2, 4),
+        };
         assert_costs(&def, None, &[("a", c), ("b", c)]).await;
     }
 }
@@ -2530,7 +2593,7 @@ async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
 async fn durable_a_tool_step_in_a_sub_workflow_takes_two_fsyncs() {
     // The child run's tool steps are its spine's: they cost what a spine
     // step costs, and so does the parent's step after the child's.
-    for (tool, repeatable) in TOOLS {
+    for (tool, writes) in TOOLS {
         let child = WorkflowDef::new("t.inner")
             .with_step(StepDef::tool("c", r(tool), json!({"x": 1})))
             .with_step(StepDef::tool("d", r(tool), json!({"x": 2})))
@@ -2539,7 +2602,7 @@ async fn durable_a_tool_step_in_a_sub_workflow_takes_two_fsyncs() {
             .with_step(StepDef::sub_workflow("call", "t.inner"))
             .with_step(StepDef::tool("after", r(tool), json!({"x": 3})))
             .with_edge("call", "after");
-        let c = if repeatable { cost(2, 2) } else { cost(2, 3) };
+        let c = plain_cost(writes);
         assert_costs(&parent, Some(&child), &[("c", c), ("d", c), ("after", c)]).await;
     }
 }

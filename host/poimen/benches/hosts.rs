@@ -4,7 +4,10 @@
 //! - `step`: per durable tool step, sequential, one host — the slope
 //!   between a 1-step and a 10-step chain of the pure `json` tool, which
 //!   cancels the run's start and end — on SQLite and on PostgreSQL, in the
-//!   same run.
+//!   same run; each also with the tool's calls written ahead (`Pending` and
+//!   `Dispatched` fsynced before the call) as they are for a tool that may
+//!   have an effect, where `json` is effect-free and written with its
+//!   outcome.
 //! - `hosts`: 64 concurrent runs at a time of the 10-step chain (enqueued,
 //!   then served), drained by 1, 2 and 3 serving hosts on one PostgreSQL
 //!   database (and 1 host on SQLite), runs/s. The hosts are `Executor`s of
@@ -47,15 +50,41 @@ fn chain(n: usize) -> WorkflowDef {
     def
 }
 
+/// The sandbox's tools, with every call written ahead of itself: what a
+/// step costs when its tool may have an effect (`effect_free` is never
+/// `true`).
+struct WriteAhead(poimen::tools::SandboxTools);
+
+#[async_trait::async_trait]
+impl poimen_executor::ToolHost for WriteAhead {
+    async fn invoke(&self, call: poimen_executor::ToolCall) -> poimen_executor::ToolResult {
+        self.0.invoke(call).await
+    }
+    async fn verify(&self, call: poimen_executor::VerifierCall) -> poimen_executor::VerifierResult {
+        self.0.verify(call).await
+    }
+}
+
 async fn wiring(store: Arc<dyn Store>, cache: &Path, id: &str) -> Wiring {
+    wiring_with(store, cache, id, false).await
+}
+
+async fn wiring_with(store: Arc<dyn Store>, cache: &Path, id: &str, write_ahead: bool) -> Wiring {
     let mut b = poimen_sandbox::PluginHost::builder().cache_dir(cache.to_path_buf());
     for p in plugin_artifacts::BUNDLED {
         b = b.component_bytes(format!("bundled:{}", p.ident), p.bytes);
     }
     let sandbox = b.withhold_ungranted(true).build().await.expect("sandbox");
-    Wiring::new(
+    let tools = poimen::tools::SandboxTools::new(sandbox.clone());
+    let tools: Arc<dyn poimen_executor::ToolHost> = if write_ahead {
+        Arc::new(WriteAhead(tools))
+    } else {
+        Arc::new(tools)
+    };
+    Wiring::with_tools(
         store,
         sandbox,
+        tools,
         Arc::new(ScriptedProvider::new(vec![])),
         Arc::new(SystemClock),
         ExecutorConfig::host(id),
@@ -220,23 +249,36 @@ fn main() {
         let (name, url) = open_pg("step").await;
         dbs.push(name);
         let pg: Arc<dyn Store> = poimen_store::open_store(&url).await.expect("pg");
-        let ws = wiring(sqlite, &cache, "step").await;
-        let wp = wiring(pg, &cache, "step").await;
-        // Warm both (compile cache, prepared statements, pool).
-        per_step(&ws, 1, 2).await;
-        per_step(&wp, 1, 2).await;
-        let mut s_sqlite = Vec::new();
-        let mut s_pg = Vec::new();
-        for _ in 0..3 {
-            s_sqlite.push(per_step(&ws, 5, 5).await);
-            s_pg.push(per_step(&wp, 5, 5).await);
+        let ws = wiring(sqlite.clone(), &cache, "step").await;
+        let wp = wiring(pg.clone(), &cache, "step").await;
+        let ws_ahead = wiring_with(sqlite, &cache, "step", true).await;
+        let wp_ahead = wiring_with(pg, &cache, "step", true).await;
+        // Warm all (compile cache, prepared statements, pool).
+        for w in [&ws, &wp, &ws_ahead, &wp_ahead] {
+            per_step(w, 1, 2).await;
         }
+        let mut s = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            for (k, w) in [&ws, &wp, &ws_ahead, &wp_ahead].into_iter().enumerate() {
+                s[k].push(per_step(w, 5, 5).await);
+            }
+        }
+        let shown = |v: &Vec<f64>| v.iter().map(|x| x.round()).collect::<Vec<_>>();
         println!(
-            "step: durable tool step, sequential, one host: SQLite {:.0} µs, PostgreSQL {:.0} µs (medians of {:?} / {:?})",
-            median(s_sqlite.clone()),
-            median(s_pg.clone()),
-            s_sqlite.iter().map(|v| v.round()).collect::<Vec<_>>(),
-            s_pg.iter().map(|v| v.round()).collect::<Vec<_>>()
+            "step: durable tool step, sequential, one host, effect-free (written with its outcome): SQLite {:.0} µs, PostgreSQL {:.0} µs (medians of {:?} / {:?})",
+            median(s[0].clone()),
+            median(s[1].clone()),
+            shown(&s[0]),
+            shown(&s[1]),
+        );
+        println!(
+            "step: the same, written ahead (as for a tool that may have an effect): SQLite {:.0} µs, PostgreSQL {:.0} µs (medians of {:?} / {:?}); effect-free / ahead: SQLite {:.2}, PostgreSQL {:.2}",
+            median(s[2].clone()),
+            median(s[3].clone()),
+            shown(&s[2]),
+            shown(&s[3]),
+            median(s[0].clone()) / median(s[2].clone()),
+            median(s[1].clone()) / median(s[3].clone()),
         );
 
         // Throughput with 1, 2, 3 hosts.

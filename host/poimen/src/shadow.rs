@@ -1226,6 +1226,10 @@ impl poimen_executor::ToolHost for ReplayTools {
         self.live.invoke(call).await
     }
 
+    fn effect_free(&self, tool: &poimen_executor::ToolIdentity) -> bool {
+        self.live.effect_free(tool)
+    }
+
     async fn verify(&self, call: poimen_executor::VerifierCall) -> poimen_executor::VerifierResult {
         self.live.verify(call).await
     }

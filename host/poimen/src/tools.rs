@@ -99,6 +99,10 @@ impl ToolHost for SandboxTools {
         }
     }
 
+    fn effect_free(&self, tool: &ToolIdentity) -> bool {
+        self.host.effect_free(&exact(tool), &tool.digest)
+    }
+
     async fn verify(&self, call: VerifierCall) -> VerifierResult {
         let mut request = poimen_sandbox::VerifierRequest::new(
             exact(&call.verifier),

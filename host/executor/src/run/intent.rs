@@ -16,6 +16,17 @@
 //! The step's start rides with its first intent commit and the outcome
 //! with the step's end (see `Deferred` in `mod.rs`): two fsyncs per step
 //! in every lane.
+//!
+//! A call that can have no effect outside its result — a pure component
+//! that policy grants no network and no writable mount
+//! ([`ToolHost::effect_free`](crate::ToolHost::effect_free)) — has nothing
+//! for a write-ahead record to protect: making it twice is the same as
+//! making it once. Its `Pending` and `Dispatched` are queued with the
+//! step's start and go in with its outcome, in one fsynced commit: one
+//! commit and one fsync per step. The outcome is durable before the run
+//! moves on, as for any call; a crash before that commit loses the call,
+//! and recovery makes it again. A workflow registered as a tool is never
+//! treated so (its call starts a child run).
 
 use poimen_store::{IntentPhase, IntentRecord, RunStatus};
 use poimen_workflow::{EffectClass, StepDef, ToolRef};
@@ -140,7 +151,22 @@ impl RunCtx {
                     }));
                 }
                 crash_point("before_pending");
-                if pinned.effect == EffectClass::NonIdempotent {
+                if pinned.workflow.is_none()
+                    && pinned.effect == EffectClass::Pure
+                    && self.kernel.tools.effect_free(&pinned.identity)
+                {
+                    // Nothing outside the result can come of this call, so
+                    // nothing is written ahead of it: `Pending` and
+                    // `Dispatched` ride with its outcome, in the commit that
+                    // makes the outcome durable. A crash before that commit
+                    // leaves no trace of the step, which is then made again
+                    // — all that making it again can do.
+                    self.defer_intents(vec![
+                        intent(IntentPhase::Pending, None, None, None),
+                        intent(IntentPhase::Dispatched, None, None, None),
+                    ]);
+                    crash_point("after_pending");
+                } else if pinned.effect == EffectClass::NonIdempotent {
                     // `Pending` on its own: a crash before `Dispatched`
                     // leaves a call known not to have been made, which
                     // recovery makes instead of blocking the run.

@@ -406,11 +406,14 @@ pub(crate) struct RunCtx {
 /// and its `Committed`/`Failed` intent with the step's end: a durable step of
 /// a pure or idempotent tool costs two store commits, both fsynced (start +
 /// `Pending` + `Dispatched`; `tool_called` + outcome + the step's end), on
-/// the spine and in a fan-out branch alike. A non-idempotent tool's
+/// the spine and in a fan-out branch alike. An effect-free call (a pure
+/// component granted no network and no writable mount) writes nothing ahead
+/// of itself: its start, `Pending` and `Dispatched` all ride with its
+/// outcome — one commit, one fsync (see `intent.rs`). A non-idempotent tool's
 /// `Pending` is a buffered commit of its own (see `intent.rs`); a verified
 /// step's outcome is fsynced on its own before its verifiers run, and their
 /// verdicts (and a rubric's scores) ride with the step's end, buffered.
-/// Every shape: two fsyncs per tool step.
+/// Every shape: at most two fsyncs per tool step.
 ///
 /// Nothing queued is applied until that commit, so a crash before it leaves
 /// no trace of it — as if it never happened. For a start that is true:
@@ -565,6 +568,17 @@ impl RunCtx {
     /// Starts of steps queued in any lane and not yet committed.
     fn queued_starts(&self) -> u64 {
         queued_starts(&self.deferred())
+    }
+
+    /// Queues intent records for the next commit of this task's lane (an
+    /// effect-free call's `Pending` and `Dispatched`, which ride with its
+    /// outcome: see `intent.rs`).
+    fn defer_intents(&self, intents: Vec<IntentRecord>) {
+        self.deferred()
+            .entry(lane())
+            .or_default()
+            .intents
+            .extend(intents);
     }
 
     /// Queues an effect's outcome (a tool call's, a model answer) for the

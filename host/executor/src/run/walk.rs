@@ -55,6 +55,11 @@ impl RunCtx {
     }
 
     async fn walk(self: Arc<Self>) -> Result<(), Halt> {
+        // Where the search for the next step starts in the shape's order:
+        // every step before it is completed or skipped, and stays so until
+        // a loop edge is taken (which resets its body, and the cursor), so
+        // a long chain is not scanned from its head at every step.
+        let mut from = 0usize;
         loop {
             if self.scope.stopped().is_some() {
                 return Err(Halt::Cancelled);
@@ -79,7 +84,14 @@ impl RunCtx {
                     .map(|s| s.status)
                     .unwrap_or_default()
             };
-            let next = shape.order().iter().copied().find(|&i| match status(i) {
+            let order = shape.order();
+            while order
+                .get(from)
+                .is_some_and(|&i| matches!(status(i), StepStatus::Completed | StepStatus::Skipped))
+            {
+                from += 1;
+            }
+            let next = order[from..].iter().copied().find(|&i| match status(i) {
                 StepStatus::Running | StepStatus::Waiting => true,
                 StepStatus::Pending => shape
                     .predecessors(i)
@@ -97,7 +109,11 @@ impl RunCtx {
                 .exec_step(next.clone(), None, self.scope.clone())
                 .await?
             {
-                StepEnd::Completed(_) => self.maybe_loop(&next).await?,
+                StepEnd::Completed(_) => {
+                    if self.maybe_loop(&next).await? {
+                        from = 0;
+                    }
+                }
                 StepEnd::Failed(failure) => {
                     return Err(Halt::Fail(RunFailure::StepFailed {
                         step: next,
@@ -151,22 +167,24 @@ impl RunCtx {
     }
 
     /// Takes the back-edge leaving `from`, if it is bounded and still open.
-    async fn maybe_loop(&self, from: &poimen_workflow::StepId) -> Result<(), Halt> {
+    /// Takes the loop edge from `from` if it has one and its condition
+    /// holds; whether it was taken (the loop's body is then pending again).
+    async fn maybe_loop(&self, from: &poimen_workflow::StepId) -> Result<bool, Halt> {
         let shape = &self.runnable.shape;
         let Some(edge) = shape
             .lookup(from.as_str())
             .and_then(|i| shape.back_edge_from(i))
         else {
-            return Ok(());
+            return Ok(false);
         };
         let transition = &self.runnable.def.transitions[edge.transition];
         let Some(max) = transition.max_iterations else {
-            return Ok(());
+            return Ok(false);
         };
         let snap = self.snapshot().await;
         let taken = snap.loops.get(from).copied().unwrap_or(0);
         if taken >= max.get() {
-            return Ok(());
+            return Ok(false);
         }
         if let Some(when) = &transition.when {
             let go = eval_predicate(&when.0, &context(&snap)).map_err(|cause| {
@@ -177,7 +195,7 @@ impl RunCtx {
                 })
             })?;
             if !go {
-                return Ok(());
+                return Ok(false);
             }
         }
         // Not held across the commit: it would copy the state.
@@ -194,7 +212,7 @@ impl RunCtx {
             body,
         }])
         .await?;
-        Ok(())
+        Ok(true)
     }
 
     /// All top-level steps completed: build, check and record the output.

@@ -145,6 +145,28 @@ impl PluginHost {
         self.with_registry(|reg| reg.resolve(kind, r, digest))
     }
 
+    /// Whether a call to the tool `tool` (the component of `digest`) can
+    /// have no effect outside its result: the component declares itself
+    /// pure and policy grants it nothing an effect could go through — no
+    /// network (`http`) and no writable mount (`fs-write`); a read-only
+    /// mount and the per-call scratch directory leave nothing behind. Such
+    /// a call may be made again at will, so a caller needs no write-ahead
+    /// record of it before making it. `false` when the tool does not
+    /// resolve (the call will fail, and say why).
+    pub fn effect_free(&self, tool: &ToolRef, digest: &str) -> bool {
+        self.resolve(PluginKind::Tool, tool, Some(digest))
+            .is_ok_and(|entry| {
+                entry.info.effect == poimen_workflow::EffectClass::Pure
+                    && entry.grants.iter().all(|g| {
+                        !matches!(
+                            g.capability,
+                            poimen_workflow::Capability::Http
+                                | poimen_workflow::Capability::FilesystemWrite { .. }
+                        )
+                    })
+            })
+    }
+
     pub(super) fn record(
         kind: CallKind,
         requested: String,

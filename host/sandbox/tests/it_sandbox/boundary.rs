@@ -664,3 +664,50 @@ async fn a_host_without_fuel_records_none() {
     assert_eq!(r.record.fuel_consumed, None);
     assert_eq!(r.record.limits.fuel, None);
 }
+
+#[tokio::test]
+async fn a_call_is_effect_free_only_for_a_pure_component_granted_no_way_out() {
+    // What the executor asks before it skips the write-ahead intent of a
+    // call: pure, and nothing granted that an effect could go through.
+    let data = tempfile::tempdir().expect("data");
+    let ledger = tempfile::tempdir().expect("ledger");
+    let policy = poimen_sandbox::Policy::in_code()
+        .grant_fs_read("fs-read", "/data", data.path())
+        .and_then(|p| p.grant_fs_write("ledger-idempotent", "/ledger", ledger.path()))
+        .and_then(|p| p.allow_http("http-get", "127.0.0.1"))
+        .expect("policy");
+    let host = support::builder()
+        .policy(policy)
+        .withhold_ungranted(true)
+        .component_bytes("t:json", bytes(plugin_artifacts::JSON))
+        .component_bytes("t:text", bytes(plugin_artifacts::TEXT))
+        .component_bytes("t:fs-read", bytes(plugin_artifacts::FS_READ))
+        .component_bytes("t:http-get", bytes(plugin_artifacts::HTTP_GET))
+        .component_bytes(
+            "t:ledger-idempotent",
+            bytes(plugin_artifacts::LEDGER_IDEMPOTENT),
+        )
+        .build()
+        .await
+        .expect("host");
+    assert!(host.withheld().is_empty(), "{:?}", host.withheld());
+    let free = |name: &str, path: &str| {
+        host.effect_free(&tool(&format!("{name}@^0.1")), &b3(&bytes(path)))
+    };
+    // Pure, nothing granted (scratch leaves nothing behind).
+    assert!(free("json", plugin_artifacts::JSON));
+    assert!(free("text", plugin_artifacts::TEXT));
+    // Pure, a read-only mount: reads change nothing.
+    assert!(free("fs-read", plugin_artifacts::FS_READ));
+    // Pure by its own word, but granted the network: an effect could go
+    // out through it, so the call keeps its write-ahead intent.
+    assert!(!free("http-get", plugin_artifacts::HTTP_GET));
+    // An effect by its own word (and a writable mount).
+    assert!(!free(
+        "ledger-idempotent",
+        plugin_artifacts::LEDGER_IDEMPOTENT
+    ));
+    // Another component's digest, or a name not loaded: not known to be free.
+    assert!(!free("json", plugin_artifacts::TEXT));
+    assert!(!host.effect_free(&tool("nope@^0.1"), &b3(&bytes(plugin_artifacts::JSON))));
+}
