@@ -46,10 +46,15 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "runs: index runs_by_version",
         sql: include_str!("schema_v4.sql"),
     },
+    Migration {
+        version: 5,
+        name: "poimen_commit_v2 reads its document once (jsonb)",
+        sql: include_str!("schema_v5.sql"),
+    },
 ];
 
 /// The schema version of a PostgreSQL store this code writes and reads.
-pub const PG_SCHEMA_VERSION: u32 = 4;
+pub const PG_SCHEMA_VERSION: u32 = 5;
 
 const _: () = assert!(MIGRATIONS[MIGRATIONS.len() - 1].version == PG_SCHEMA_VERSION);
 
