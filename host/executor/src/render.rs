@@ -99,9 +99,19 @@ struct StepView(Arc<RunState>, poimen_workflow::StepId);
 #[derive(Debug)]
 struct StateView(Arc<RunState>);
 
+/// `inputs`, when the run's input is an object: its keys.
+#[derive(Debug)]
+struct InputsView(Arc<RunState>);
+
 impl Object for RunView {
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
         Some(match key.as_str()? {
+            // An object input is read a key at a time, as `state` is: a
+            // template reading `inputs.n` does not convert a large input
+            // beside it on every step.
+            "inputs" if self.0.input.is_object() => {
+                minijinja::Value::from_object(InputsView(Arc::clone(&self.0)))
+            }
             "inputs" => from_json(&self.0.input),
             "state" => minijinja::Value::from_object(StateView(Arc::clone(&self.0))),
             "steps" => minijinja::Value::from_object(StepsView(Arc::clone(&self.0))),
@@ -181,6 +191,23 @@ impl Object for StateView {
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
         Some(self.0.state.len())
+    }
+}
+
+impl Object for InputsView {
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        self.0.input.get(key.as_str()?).map(from_json)
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.mapped_enumerator(|this| match this.0.input.as_object() {
+            Some(map) => Box::new(map.keys().map(|k| minijinja::Value::from(k.as_str()))),
+            None => Box::new(std::iter::empty()),
+        })
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        self.0.input.as_object().map(serde_json::Map::len)
     }
 }
 
@@ -450,6 +477,8 @@ mod tests {
             "{% for k in steps %}{{ k }},{% endfor %} {{ steps|length }} {{ state|length }}",
             "{% for k, v in steps|items %}{{ k }}={{ v.status }};{% endfor %}",
             "{{ steps.b.output is defined }} {{ 'a' in steps }} {{ 'zz' in steps }}",
+            "{% for k in inputs %}{{ k }},{% endfor %} {{ inputs|length }} {{ inputs }}",
+            "{{ 'n' in inputs }} {{ 'zz' in inputs }} {{ inputs.zz is defined }}",
         ] {
             assert_eq!(
                 render_text(t, &lazy).expect(t),
@@ -465,6 +494,7 @@ mod tests {
         for t in [
             "{{ steps.b.output }}",
             "{{ steps.zzz.output }}",
+            "{{ inputs.zz }}",
             "{{ nope }}",
         ] {
             assert!(render_text(t, &lazy).is_err(), "{t}");
