@@ -8,6 +8,7 @@
 //! how events are stored (crate `store`) or produced (the interpreter).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use poimen_workflow::{
     Capability, EffectClass, JoinPolicy, Reducer, StepId, WorkflowId, WorkflowVersion,
@@ -132,14 +133,38 @@ pub struct RubricVerdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum CallOutcome {
-    Ok { output: Value, output_hash: String },
-    Err { failure: Failure },
+    /// The output is shared: the event, the run state and the step's
+    /// receipt hold one copy of what may be a large value.
+    Ok {
+        #[serde(with = "shared_value")]
+        output: Arc<Value>,
+        output_hash: String,
+    },
+    Err {
+        failure: Failure,
+    },
+}
+
+/// An `Arc<Value>` (de)serialized as the value it shares.
+mod shared_value {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(v: &Arc<Value>, s: S) -> Result<S::Ok, S::Error> {
+        Value::serialize(v, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Value>, D::Error> {
+        Value::deserialize(d).map(Arc::new)
+    }
 }
 
 impl CallOutcome {
     pub fn into_result(self) -> Result<Value, Failure> {
         match self {
-            CallOutcome::Ok { output, .. } => Ok(output),
+            CallOutcome::Ok { output, .. } => Ok(Arc::unwrap_or_clone(output)),
             CallOutcome::Err { failure } => Err(failure),
         }
     }
@@ -1003,7 +1028,7 @@ mod tests {
                 capabilities: vec![poimen_workflow::Capability::Scratch],
                 record: json!({"x": 1}),
                 outcome: CallOutcome::Ok {
-                    output: json!(1),
+                    output: Arc::new(json!(1)),
                     output_hash: "b3:06".into(),
                 },
                 reconciled: true,

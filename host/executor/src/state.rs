@@ -251,15 +251,26 @@ impl RunState {
 
     /// Applies one recorded event. This is the only mutation of run state.
     pub fn apply(&mut self, r: &Recorded) -> Result<(), FoldError> {
+        self.apply_at(r.seq, r.at, &r.event)
+    }
+
+    /// [`apply`](Self::apply) of an event recorded as `seq` at `at`, read
+    /// where it lies (a queued event is previewed without a copy).
+    pub(crate) fn apply_at(
+        &mut self,
+        seq: u64,
+        at: i64,
+        event: &EpisodeEvent,
+    ) -> Result<(), FoldError> {
         let expected = self.last_seq.map_or(0, |s| s + 1);
-        if r.seq != expected {
+        if seq != expected {
             return Err(FoldError::OutOfOrder {
-                seq: r.seq,
+                seq,
                 last: self.last_seq,
             });
         }
-        self.last_seq = Some(r.seq);
-        match &r.event {
+        self.last_seq = Some(seq);
+        match event {
             EpisodeEvent::RunStarted {
                 workflow_id,
                 version,
@@ -280,7 +291,7 @@ impl RunState {
                 self.tools = tools.clone();
                 self.verifiers = verifiers.clone();
                 self.status = Some(RunStatus::Running);
-                self.started_at = r.at;
+                self.started_at = at;
             }
             EpisodeEvent::StepStarted {
                 step,
@@ -293,7 +304,7 @@ impl RunState {
                 s.status = StepStatus::Running;
                 s.owner = owner.clone();
                 s.iteration = *iteration;
-                s.started_at = r.at;
+                s.started_at = at;
                 s.attempt = 0;
                 s.failure = None;
                 s.current = AttemptRecord::default();
@@ -498,7 +509,7 @@ impl RunState {
             EpisodeEvent::RunWaiting { reason } => {
                 self.status = Some(RunStatus::WaitingJudgment);
                 self.reason = Some(reason.clone());
-                self.waiting_since.get_or_insert(r.at);
+                self.waiting_since.get_or_insert(at);
             }
             EpisodeEvent::RunBlocked { reason, .. } => {
                 self.status = Some(RunStatus::Blocked);
@@ -509,7 +520,7 @@ impl RunState {
             }
             EpisodeEvent::RunResumed { .. } => {
                 if let Some(since) = self.waiting_since.take() {
-                    self.spent.waiting_ms += u64::try_from(r.at.saturating_sub(since)).unwrap_or(0);
+                    self.spent.waiting_ms += u64::try_from(at.saturating_sub(since)).unwrap_or(0);
                 }
                 self.status = Some(RunStatus::Running);
                 self.reason = None;

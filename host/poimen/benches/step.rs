@@ -447,8 +447,9 @@ fn concurrent(_: &mut Criterion) {
 /// - the sandbox call alone (`json`, median of 200);
 /// - per step of a 10-step chain: (t10 − t1) / 9;
 /// - per step of a 1000-step chain: (t1000 − t1) / 999;
-/// - per step of a 10-step chain after a step that wrote 1 MiB into the
-///   declared state: (t(fill+10) − t(fill+1)) / 9.
+/// - per step of a 100-step chain after a step that wrote 1 MiB into the
+///   declared state: (t(fill+100) − t(fill+1)) / 99 (over 99 steps, not 9:
+///   the `fill` run's own cost varies by more than 9 steps do).
 ///
 /// Medians over the rounds, ratios taken per round. Printed as one line;
 /// runs only under `cargo bench` and only when the filter admits `flat`.
@@ -465,9 +466,9 @@ fn flat(_: &mut Criterion) {
         b.prepare(&rt, 10, false),
         b.prepare(&rt, 1000, false),
     );
-    let (big1, big10) = (
+    let (big1, big100) = (
         b.ready(&rt, &big_state_chain(1)),
-        b.ready(&rt, &big_state_chain(10)),
+        b.ready(&rt, &big_state_chain(100)),
     );
     let big = json!({"n": 1, "big": "x".repeat(1 << 20)});
     let small = json!({"n": 1});
@@ -492,7 +493,7 @@ fn flat(_: &mut Criterion) {
     for r in [&c1, &c10, &c1000] {
         time_run(r, &small, 2);
     }
-    for r in [&big1, &big10] {
+    for r in [&big1, &big100] {
         time_run(r, &big, 2);
     }
     let (mut call, mut s10, mut s1000, mut sbig) = (vec![], vec![], vec![], vec![]);
@@ -502,7 +503,7 @@ fn flat(_: &mut Criterion) {
         let t1 = time_run(&c1, &small, 15);
         let p10 = (time_run(&c10, &small, 15) - t1) / 9.0;
         let p1000 = (time_run(&c1000, &small, 1) - t1) / 999.0;
-        let pbig = (time_run(&big10, &big, 5) - time_run(&big1, &big, 5)) / 9.0;
+        let pbig = (time_run(&big100, &big, 5) - time_run(&big1, &big, 5)) / 99.0;
         call.push(c);
         s10.push(p10);
         s1000.push(p1000);
@@ -513,7 +514,7 @@ fn flat(_: &mut Criterion) {
     }
     println!(
         "flat ({ROUNDS} rounds): sandbox call {:.1} µs; ephemeral per step: 10-step chain {:.1} µs \
-         ({:.2}× the call), 1000-step chain {:.1} µs ({:.2}× the 10-step), 10 steps over 1 MiB \
+         ({:.2}× the call), 1000-step chain {:.1} µs ({:.2}× the 10-step), 100 steps over 1 MiB \
          of state {:.1} µs ({:.2}× the 10-step)",
         quartile(&call, 2),
         quartile(&s10, 2),

@@ -3,6 +3,7 @@
 //! this host left in flight.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use poimen_store::{IntentPhase, IntentRecord, RunId, RunRecord, RunStatus, Store, StoreError};
 use poimen_workflow::StepId;
@@ -246,7 +247,7 @@ impl Executor {
                 let h = hash_json(output);
                 (
                     CallOutcome::Ok {
-                        output: output.clone(),
+                        output: Arc::new(output.clone()),
                         output_hash: h.clone(),
                     },
                     IntentPhase::Committed,

@@ -71,19 +71,28 @@ impl RunCtx {
             kind = self.runnable.step(&id).map_or("", |d| d.kind.name()),
         );
         async move {
-            let Some(def) = self.runnable.step(&id).cloned() else {
+            // The definition is borrowed from the version, not copied.
+            let runnable = Arc::clone(&self.runnable);
+            let Some(def) = runnable.step(&id) else {
                 return Err(Inconsistency::UnknownStep(id).into());
             };
-            let (st, executions_spent) = {
+            // What is read of the step (not a copy of it, which would hold
+            // its last output).
+            let (status, last_iteration, last_attempt, executions_spent) = {
                 let snap = self.snapshot().await;
-                let st = snap.steps.get(&id).cloned().unwrap_or_default();
-                (st, snap.spent.step_executions)
+                let st = snap.steps.get(&id);
+                (
+                    st.map_or(StepStatus::default(), |s| s.status),
+                    st.map_or(0, |s| s.iteration),
+                    st.map_or(0, |s| s.attempt),
+                    snap.spent.step_executions,
+                )
             };
             let (iteration, mut attempt) =
-                if matches!(st.status, StepStatus::Running | StepStatus::Waiting) {
-                    (st.iteration, st.attempt)
+                if matches!(status, StepStatus::Running | StepStatus::Waiting) {
+                    (last_iteration, last_attempt)
                 } else {
-                    let iteration = st.iteration + 1;
+                    let iteration = last_iteration + 1;
                     let start = vec![
                         EpisodeEvent::StepStarted {
                             step: id.clone(),
@@ -137,7 +146,7 @@ impl RunCtx {
                 let span = tracing::info_span!("attempt", iteration, attempt);
                 let mut end = self
                     .clone()
-                    .attempt(&def, at, &scope)
+                    .attempt(def, at, &scope)
                     .instrument(span)
                     .await?;
                 // Writes of parallel branches are applied by the join, in
@@ -169,7 +178,7 @@ impl RunCtx {
                 if let StepEnd::Completed(output) = &end
                     && !parallel_owned
                 {
-                    match self.state_write(&def, output).await {
+                    match self.state_write(def, output).await {
                         Ok(w) => write = w,
                         Err(failure) => end = StepEnd::Failed(failure),
                     }
@@ -273,7 +282,15 @@ impl RunCtx {
             attempt: st.map_or(0, |s| s.attempt),
             action: st.and_then(|s| s.current.action.clone()).unwrap_or(kind),
             input_hash: st.and_then(|s| s.current.input_hash.clone()),
-            output_hash: output.map(hash_json),
+            // The tool's recorded hash when the step's output is the tool's
+            // (a comparison, cheaper than hashing a large output again).
+            output_hash: output.map(|out| match st.and_then(|s| s.current.tool.as_ref()) {
+                Some(CallOutcome::Ok {
+                    output: called,
+                    output_hash,
+                }) if **called == *out => output_hash.clone(),
+                _ => hash_json(out),
+            }),
             started_at: st.map_or(0, |s| s.started_at),
             finished_at: self.kernel.clock.now_ms(),
         })
@@ -385,30 +402,36 @@ impl RunCtx {
         at: AttemptId,
         scope: &RunScope,
     ) -> Result<StepEnd, Halt> {
-        let st = self
-            .snapshot()
-            .await
-            .steps
-            .get(&def.id)
-            .cloned()
-            .unwrap_or_default();
-        // Only this very attempt's records count: a deferred step start
-        // leaves the previous execution's records in the state.
-        let this_attempt = st.iteration == at.iteration && st.attempt == at.attempt;
-        if let Some(finished) = st.current.finished.as_ref().filter(|_| this_attempt) {
+        // Read where it lies: the step's records, not a copy of them.
+        let (resumed, recorded_start) = {
+            let snap = self.snapshot().await;
+            let st = snap.steps.get(&def.id);
+            // Only this very attempt's records count: a deferred step start
+            // leaves the previous execution's records in the state.
+            let this_attempt =
+                st.filter(|s| s.iteration == at.iteration && s.attempt == at.attempt);
             // The attempt ended before a crash; only the step's end is missing.
-            return Ok(match finished {
-                Some(f) => StepEnd::Failed(f.clone()),
-                None => StepEnd::Completed(
-                    st.output
-                        .clone()
-                        .or_else(|| match &st.current.tool {
-                            Some(CallOutcome::Ok { output, .. }) => Some(output.clone()),
-                            _ => None,
-                        })
-                        .unwrap_or(Value::Null),
-                ),
+            let resumed = this_attempt.and_then(|st| {
+                st.current.finished.as_ref().map(|finished| match finished {
+                    Some(f) => StepEnd::Failed(f.clone()),
+                    None => StepEnd::Completed(
+                        st.output
+                            .clone()
+                            .or_else(|| match &st.current.tool {
+                                Some(CallOutcome::Ok { output, .. }) => Some(Value::clone(output)),
+                                _ => None,
+                            })
+                            .unwrap_or(Value::Null),
+                    ),
+                })
             });
+            let recorded_start = st
+                .filter(|s| s.iteration == at.iteration && s.started_at > 0)
+                .map(|s| s.started_at);
+            (resumed, recorded_start)
+        };
+        if let Some(end) = resumed {
+            return Ok(end);
         }
         // A step that contains others (a fan-out, a choice, a child run)
         // is bounded as a whole by its `timeout`, counted from the
@@ -420,11 +443,7 @@ impl RunCtx {
         };
         // The execution's start: recorded, or — a start not yet committed
         // (a tool step's rides with its first write) — now.
-        let started_at = if st.iteration == at.iteration && st.started_at > 0 {
-            st.started_at
-        } else {
-            self.kernel.clock.now_ms()
-        };
+        let started_at = recorded_start.unwrap_or_else(|| self.kernel.clock.now_ms());
         let bounded = match (&def.kind, def.timeout) {
             (
                 StepKind::Parallel(_) | StepKind::Conditional(_) | StepKind::SubWorkflow(_),

@@ -28,6 +28,8 @@
 //! and recovery makes it again. A workflow registered as a tool is never
 //! treated so (its call starts a child run).
 
+use std::sync::Arc;
+
 use poimen_store::{IntentPhase, IntentRecord, RunStatus};
 use poimen_workflow::{EffectClass, StepDef, ToolRef};
 use serde_json::Value;
@@ -265,7 +267,7 @@ impl RunCtx {
                 let h = hash_json(&output);
                 (
                     CallOutcome::Ok {
-                        output,
+                        output: Arc::new(output),
                         output_hash: h.clone(),
                     },
                     IntentPhase::Committed,

@@ -632,11 +632,9 @@ impl RunCtx {
     /// the run.
     async fn preview_step(&self, id: &StepId) -> Result<Option<StepState>, Halt> {
         let snap = self.snapshot().await;
-        let events = self
-            .deferred()
-            .get(&lane())
-            .map(|d| d.events.clone())
-            .unwrap_or_default();
+        let at = self.kernel.clock.now_ms();
+        let deferred = self.deferred();
+        let events = deferred.get(&lane()).map_or(&[][..], |d| &d.events[..]);
         if events.is_empty() {
             return Ok(snap.steps.get(id).cloned());
         }
@@ -648,15 +646,12 @@ impl RunCtx {
             scratch.steps.insert(id.clone(), st.clone());
         }
         drop(snap);
-        let at = self.kernel.clock.now_ms();
+        // The queued events are read where they lie, under the lane map's
+        // lock (no await below): a big output is not copied to be previewed.
         let first = scratch.last_seq.map_or(0, |s| s + 1);
-        for (i, event) in events.into_iter().enumerate() {
+        for (i, event) in events.iter().enumerate() {
             scratch
-                .apply(&Recorded {
-                    seq: first + i as u64,
-                    at,
-                    event,
-                })
+                .apply_at(first + i as u64, at, event)
                 .map_err(Inconsistency::from)?;
         }
         Ok(scratch.steps.remove(id))
