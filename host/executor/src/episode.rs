@@ -562,6 +562,17 @@ impl EpisodeEvent {
         }
     }
 
+    /// The event as the JSON text a store writes: [`EpisodeEvent::body`]
+    /// encoded straight to bytes, without building the `Value` first.
+    pub fn encoded(&self) -> poimen_store::EventBody {
+        match poimen_store::EventBody::encode(self) {
+            Ok(b) => b,
+            Err(e) => poimen_store::EventBody::from(
+                &serde_json::json!({"event": self.kind(), "unencodable": e.to_string()}),
+            ),
+        }
+    }
+
     /// The step this event is about, if any.
     pub fn step(&self) -> Option<&StepId> {
         use EpisodeEvent as E;
@@ -640,7 +651,7 @@ impl Recorded {
             seq: self.seq,
             at: self.at,
             kind: self.event.kind().to_owned(),
-            body: self.event.body(),
+            body: self.event.encoded(),
         }
     }
 
@@ -1224,6 +1235,11 @@ mod tests {
             let body = event.body();
             assert!(body.get("unencodable").is_none(), "{body}");
             assert_eq!(body["event"], serde_json::json!(event.kind()));
+            // The text a store writes is the same body, and decodes too.
+            let text = event.encoded();
+            assert_eq!(text.to_value().expect("parses"), body);
+            let back: EpisodeEvent = serde_json::from_str(text.as_str()).expect("decodes");
+            assert_eq!(back, event);
             let back: EpisodeEvent = serde_json::from_value(body).expect("decodes");
             assert_eq!(back, event);
         }

@@ -6,7 +6,8 @@
 //! refolded run identical to the live one. Templates are minijinja with
 //! strict undefined names; predicates are CEL.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use minijinja::value::{Enumerator, Object, ObjectExt};
 use minijinja::{Environment, UndefinedBehavior};
@@ -30,6 +31,31 @@ fn env() -> &'static Environment<'static> {
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env
     })
+}
+
+/// How many distinct `{{ expression }}`s [`compiled`] keeps.
+const MAX_COMPILED: usize = 4096;
+
+/// The `{{ expression }}` `expr`, compiled once: a step's argument
+/// templates are the same text at every step of every run of a version, and
+/// compiling one costs more than evaluating it. Bounded: past
+/// [`MAX_COMPILED`] distinct expressions the cache starts over, so a host
+/// running many versions compiles again rather than growing without end.
+fn compiled(expr: &str) -> Result<Arc<minijinja::Expression<'static, 'static>>, minijinja::Error> {
+    type Cache = Mutex<HashMap<Box<str>, Arc<minijinja::Expression<'static, 'static>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Cache::default);
+    let lock = || cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(e) = lock().get(expr) {
+        return Ok(Arc::clone(e));
+    }
+    let e = Arc::new(env().compile_expression_owned(expr.to_owned())?);
+    let mut c = lock();
+    if c.len() >= MAX_COMPILED {
+        c.clear();
+    }
+    c.insert(expr.into(), Arc::clone(&e));
+    Ok(e)
 }
 
 fn shorten(s: &str) -> String {
@@ -292,7 +318,7 @@ fn render_string_leaf(s: &str, ctx: &minijinja::Value) -> Result<Value, RenderEr
             template: shorten(s),
             message: describe(&e),
         };
-        let compiled = env().compile_expression(expr).map_err(err)?;
+        let compiled = compiled(expr).map_err(err)?;
         let value = compiled.eval(ctx.clone()).map_err(err)?;
         if value.is_undefined() {
             return Err(RenderError::Template {
@@ -403,6 +429,21 @@ mod tests {
 
     fn json() -> Value {
         json!({"inputs": {"text": "hi", "n": 5}, "state": {"seen": [1]}, "steps": {"a": {"output": {"label": "spam"}, "status": "completed"}}})
+    }
+
+    #[test]
+    fn an_expression_is_compiled_once_and_a_bad_one_every_time() {
+        let a = compiled("inputs.cache_probe + 1").expect("compiles");
+        let b = compiled("inputs.cache_probe + 1").expect("compiles");
+        assert!(Arc::ptr_eq(&a, &b), "the second use is the cached one");
+        // A syntax error is not cached: it is reported at every use.
+        for _ in 0..2 {
+            assert!(compiled("inputs.(").is_err());
+        }
+        let v = render_args(&json!("{{ inputs.n + 1 }}"), &ctx()).expect("renders");
+        assert_eq!(v, json!(6));
+        let v = render_args(&json!("{{ inputs.n + 1 }}"), &ctx()).expect("renders again");
+        assert_eq!(v, json!(6));
     }
 
     fn ctx() -> minijinja::Value {

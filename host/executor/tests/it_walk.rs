@@ -2072,7 +2072,10 @@ impl Store for CountingStore {
         let events: Vec<(String, Option<String>)> = commit
             .events
             .iter()
-            .map(|e| (e.kind.clone(), step_of(&e.body)))
+            .map(|e| {
+                let body = e.body.to_value().expect("an event body is JSON");
+                (e.kind.clone(), step_of(&body))
+            })
             .collect();
         let intents: Vec<(String, IntentPhase, String, String)> = commit
             .intents

@@ -71,7 +71,7 @@ impl RunEvent {
     }
 
     fn decode(run: &RunId, e: &NewEvent) -> Result<RunEvent, Error> {
-        serde_json::from_value::<EpisodeEvent>(e.body.clone())
+        serde_json::from_str::<EpisodeEvent>(e.body.as_str())
             .map(|event| RunEvent {
                 run: run.clone(),
                 seq: e.seq,

@@ -11,6 +11,7 @@
 //! what is hashed or replayed. Ephemeral runs (kept in memory) are counted
 //! too: their store is observed the same way.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -21,6 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use serde::Deserialize;
 
 /// Steps started whose finish has not been seen, at most this many kept
 /// (a step whose host died is never finished here).
@@ -83,6 +85,40 @@ enum SeenEvent {
         fuel: Option<u64>,
         memory: Option<u64>,
     },
+}
+
+/// The fields of an event body the metrics read, parsed from its text:
+/// strings borrowed where no escape forces a copy, every other field
+/// (arguments, outputs, receipts) skipped without being built.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Peek<'a> {
+    #[serde(borrow)]
+    step: Option<Cow<'a, str>>,
+    iteration: u64,
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    status: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool: Option<PeekTool<'a>>,
+    record: Option<PeekRecord>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PeekTool<'a> {
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+}
+
+/// What a guest call's record says of its cost.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PeekRecord {
+    wall_time_us: Option<u64>,
+    fuel_consumed: Option<u64>,
+    memory_peak_bytes: Option<u64>,
 }
 
 /// The host's metrics.
@@ -276,36 +312,39 @@ impl Metrics {
             .events
             .iter()
             .filter_map(|e| {
-                let body = &e.body;
-                let step = || body.get("step").and_then(|s| s.as_str()).map(str::to_owned);
-                let iteration = body.get("iteration").and_then(|i| i.as_u64()).unwrap_or(0);
-                let text = |p: &str| body.pointer(p).and_then(|v| v.as_str()).map(str::to_owned);
+                if !matches!(
+                    e.kind.as_str(),
+                    "step_started" | "step_finished" | "tool_called"
+                ) {
+                    return None;
+                }
+                // An event whose fields are not what these kinds carry is
+                // left out of the metrics, as one without a step is.
+                let body: Peek<'_> = serde_json::from_str(e.body.as_str()).ok()?;
+                let owned = |s: Option<Cow<'_, str>>| s.map(Cow::into_owned);
                 match e.kind.as_str() {
                     "step_started" => Some(SeenEvent::StepStarted {
-                        step: step()?,
-                        iteration,
+                        step: owned(body.step)?,
+                        iteration: body.iteration,
                         at: e.at,
-                        kind: text("/kind")?,
+                        kind: owned(body.kind)?,
                     }),
                     "step_finished" => Some(SeenEvent::StepFinished {
-                        step: step()?,
-                        iteration,
+                        step: owned(body.step)?,
+                        iteration: body.iteration,
                         at: e.at,
-                        status: text("/status").unwrap_or_else(|| "unknown".into()),
+                        status: owned(body.status).unwrap_or_else(|| "unknown".into()),
                     }),
-                    "tool_called" => Some(SeenEvent::ToolCalled {
-                        tool: text("/tool/name").unwrap_or_else(|| "unknown".into()),
-                        wall_us: body
-                            .pointer("/record/wall_time_us")
-                            .and_then(|v| v.as_u64()),
-                        fuel: body
-                            .pointer("/record/fuel_consumed")
-                            .and_then(|v| v.as_u64()),
-                        memory: body
-                            .pointer("/record/memory_peak_bytes")
-                            .and_then(|v| v.as_u64()),
-                    }),
-                    _ => None,
+                    _ => {
+                        let record = body.record.unwrap_or_default();
+                        Some(SeenEvent::ToolCalled {
+                            tool: owned(body.tool.and_then(|t| t.name))
+                                .unwrap_or_else(|| "unknown".into()),
+                            wall_us: record.wall_time_us,
+                            fuel: record.fuel_consumed,
+                            memory: record.memory_peak_bytes,
+                        })
+                    }
                 }
             })
             .collect();

@@ -1654,11 +1654,8 @@ impl Store for Noting {
                 .events
                 .iter()
                 .map(|e| {
-                    let step = e
-                        .body
-                        .get("step")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned);
+                    let body = e.body.to_value().expect("an event body is JSON");
+                    let step = body.get("step").and_then(Value::as_str).map(str::to_owned);
                     (e.kind.clone(), step)
                 })
                 .collect(),

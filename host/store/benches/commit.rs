@@ -81,7 +81,7 @@ impl Target {
                 seq,
                 at: seq as i64,
                 kind: "tool_call".into(),
-                body: json!({"step": "fetch", "phase": phase.as_str(), "seq": seq}),
+                body: json!({"step": "fetch", "phase": phase.as_str(), "seq": seq}).into(),
             }],
             intents: vec![IntentRecord {
                 run: self.run.clone(),

@@ -41,10 +41,10 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PG_SCHEMA_VERSION, PostgresOptions, PostgresStore};
 pub use records::{
-    Admission, AdmissionRequest, ArmedRecord, Commit, CreateRun, DEFAULT_TENANT, Durability, Fence,
-    GcReport, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus, JudgmentWrite, Lease,
-    LeaseRequest, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord, RunStatus,
-    RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
+    Admission, AdmissionRequest, ArmedRecord, Commit, CreateRun, DEFAULT_TENANT, Durability,
+    EventBody, Fence, GcReport, IntentPhase, IntentRecord, JudgmentRecord, JudgmentStatus,
+    JudgmentWrite, Lease, LeaseRequest, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter,
+    RunRecord, RunStatus, RunUpdate, StoredEvent, VersionRecord, WorkflowSummary,
 };
 pub use redact::redact_url;
 #[cfg(feature = "sqlite")]

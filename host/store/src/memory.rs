@@ -13,14 +13,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use poimen_workflow::{VersionPrefix, WorkflowId, WorkflowVersion};
-use serde_json::Value;
 
 use crate::error::StoreError;
 use crate::ids::{BlobHash, JudgmentId, RunId};
 use crate::records::{
     ArmedRecord, Commit, CreateRun, GcReport, IntentPhase, IntentRecord, JudgmentRecord,
-    JudgmentStatus, JudgmentWrite, Lease, NewRun, NewVersion, PublishOutcome, RunFilter, RunRecord,
-    RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
+    JudgmentStatus, JudgmentWrite, Lease, NewEvent, NewRun, NewVersion, PublishOutcome, RunFilter,
+    RunRecord, RunStatus, StoredEvent, VersionRecord, WorkflowSummary, expiry,
 };
 use crate::rules;
 use crate::store::{Store, StoreResult};
@@ -45,7 +44,9 @@ struct State {
     epochs: Vec<u64>,
     run_index: HashMap<RunId, usize>,
     run_keys: HashMap<String, usize>,
-    events: HashMap<RunId, Vec<StoredEvent>>,
+    /// Each run's events as committed (their bodies stay JSON text until
+    /// they are read).
+    events: HashMap<RunId, Vec<NewEvent>>,
     intents: HashMap<RunId, Vec<IntentRecord>>,
     /// Last phase per (run, step, iteration, attempt).
     intent_phase: HashMap<RunId, HashMap<AttemptKey, IntentPhase>>,
@@ -57,6 +58,31 @@ struct State {
 }
 
 impl MemoryStore {
+    /// The events of `run` after `seq` (all of them for `None`), their
+    /// bodies parsed.
+    fn read_events(&self, run: &RunId, seq: Option<u64>) -> StoreResult<Vec<StoredEvent>> {
+        let s = self.lock();
+        let Some(log) = s.events.get(run) else {
+            return Ok(Vec::new());
+        };
+        log.iter()
+            .filter(|e| seq.is_none_or(|seq| e.seq > seq))
+            .map(|e| {
+                let body = e.body.to_value().map_err(|cause| StoreError::Corrupt {
+                    path: Path::new(":memory:").to_owned(),
+                    detail: format!("event {} of run {run} does not parse: {cause}", e.seq),
+                })?;
+                Ok(StoredEvent {
+                    run: run.clone(),
+                    seq: e.seq,
+                    at: e.at,
+                    kind: e.kind.clone(),
+                    body,
+                })
+            })
+            .collect()
+    }
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -444,14 +470,7 @@ impl Store for MemoryStore {
         for b in blobs {
             s.blobs.entry(BlobHash::of(&b)).or_insert(b);
         }
-        let log = s.events.entry(run_id.clone()).or_default();
-        log.extend(events.into_iter().map(|e| StoredEvent {
-            run: run_id.clone(),
-            seq: e.seq,
-            at: e.at,
-            kind: e.kind,
-            body: e.body,
-        }));
+        s.events.entry(run_id.clone()).or_default().extend(events);
         s.intent_phase
             .entry(run_id.clone())
             .or_default()
@@ -532,16 +551,11 @@ impl Store for MemoryStore {
     }
 
     async fn events(&self, run: &RunId) -> StoreResult<Vec<StoredEvent>> {
-        Ok(self.lock().events.get(run).cloned().unwrap_or_default())
+        self.read_events(run, None)
     }
 
     async fn events_after(&self, run: &RunId, seq: u64) -> StoreResult<Vec<StoredEvent>> {
-        Ok(self
-            .lock()
-            .events
-            .get(run)
-            .map(|e| e.iter().filter(|e| e.seq > seq).cloned().collect())
-            .unwrap_or_default())
+        self.read_events(run, Some(seq))
     }
 
     async fn intents(&self, run: &RunId) -> StoreResult<Vec<IntentRecord>> {
@@ -850,24 +864,23 @@ impl State {
     /// intents' outputs and records, events, judgments.
     fn blob_references(&self, which: impl Fn(&RunId) -> bool) -> HashSet<String> {
         let mut found = HashSet::new();
-        let mut text = |v: &Value| {
-            let t = v.to_string();
-            found.extend(crate::ids::hashes_in(&t).map(str::to_owned));
+        let mut text = |t: &str| {
+            found.extend(crate::ids::hashes_in(t).map(str::to_owned));
         };
         for r in self.runs.iter().filter(|r| which(&r.id)) {
-            text(&Value::String(r.input_hash.to_string()));
+            text(&r.input_hash.to_string());
             if let Some(h) = &r.output_hash {
-                text(&Value::String(h.to_string()));
+                text(&h.to_string());
             }
         }
         for (run, intents) in &self.intents {
             if which(run) {
                 for i in intents {
                     if let Some(h) = &i.output_hash {
-                        text(&Value::String(h.clone()));
+                        text(h);
                     }
                     if let Some(rec) = &i.record {
-                        text(rec);
+                        text(&rec.to_string());
                     }
                 }
             }
@@ -875,14 +888,14 @@ impl State {
         for (run, events) in &self.events {
             if which(run) {
                 for e in events {
-                    text(&e.body);
+                    text(e.body.as_str());
                 }
             }
         }
         for j in self.judgments.iter().filter(|j| which(&j.run)) {
-            text(&j.request);
+            text(&j.request.to_string());
             if let Some(result) = &j.result {
-                text(result);
+                text(&result.to_string());
             }
         }
         found

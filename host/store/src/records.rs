@@ -439,7 +439,49 @@ pub struct NewEvent {
     pub seq: u64,
     pub at: i64,
     pub kind: String,
-    pub body: Value,
+    /// The event as JSON text, encoded once by whoever made it: the
+    /// backends write these bytes as they are.
+    pub body: EventBody,
+}
+
+/// The JSON text of one event body, as it is written.
+///
+/// Made only by encoding a value, so it always holds valid JSON: a
+/// backend writes it without encoding it again, and whoever needs the
+/// value parses it ([`EventBody::to_value`], or straight into its own
+/// type with `serde_json::from_str(body.as_str())`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventBody(Box<str>);
+
+impl EventBody {
+    /// Encode `value` as an event body.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<EventBody, serde_json::Error> {
+        serde_json::to_string(value).map(|s| EventBody(s.into_boxed_str()))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The body parsed back into a JSON value.
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+}
+
+impl From<&Value> for EventBody {
+    /// A JSON value always encodes: its map keys are strings and its
+    /// numbers finite.
+    fn from(value: &Value) -> EventBody {
+        EventBody(value.to_string().into_boxed_str())
+    }
+}
+
+impl From<Value> for EventBody {
+    fn from(value: Value) -> EventBody {
+        EventBody::from(&value)
+    }
 }
 
 // ----------------------------------------------------------------- intents

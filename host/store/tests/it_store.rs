@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use poimen_store::{
     Admission, AdmissionRequest, ArmedRecord, BlobHash, Commit, CreateRun, DEFAULT_TENANT,
-    Durability, Fence, GcReport, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
+    Durability, EventBody, Fence, GcReport, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
     JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome,
     RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore,
     Store, StoreError, Ulid, VersionRecord,
@@ -90,7 +90,7 @@ fn event(seq: u64, kind: &str) -> NewEvent {
         seq,
         at: T0 + seq as i64,
         kind: kind.to_owned(),
-        body: json!({"seq": seq, "kind": kind}),
+        body: json!({"seq": seq, "kind": kind}).into(),
     }
 }
 
@@ -313,7 +313,8 @@ async fn gc_deletes_finished_runs_and_what_only_they_refer_to(h: &Harness) {
         vec![
             event(0, "run_started"),
             NewEvent {
-                body: json!({"prompt": prompt_hash.to_string(), "shared": shared_hash.to_string()}),
+                body: json!({"prompt": prompt_hash.to_string(), "shared": shared_hash.to_string()})
+                    .into(),
                 ..event(1, "model_called")
             },
         ],
@@ -3145,7 +3146,7 @@ async fn concurrent_commits_from_many_tasks(h: &Harness) {
         let race = race.clone();
         racers.push(tokio::spawn(async move {
             let mut e = event(next, "racer");
-            e.body = json!({"writer": w});
+            e.body = json!({"writer": w}).into();
             s.commit(commit_of(&race, vec![e])).await
         }));
     }
@@ -3181,7 +3182,7 @@ async fn json_bodies_round_trip_exactly(h: &Harness) {
             seq: 0,
             at: T0,
             kind: "state_write".into(),
-            body: body.clone(),
+            body: EventBody::from(&body),
         }],
     );
     c.intents = vec![IntentRecord {

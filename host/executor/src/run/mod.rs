@@ -683,7 +683,14 @@ impl RunCtx {
         if deferred.sync {
             batch.durability = Durability::Sync;
         }
-        batch.intents = intents.clone();
+        // What the run keeps of its intents is their phases: taken here,
+        // so the records themselves (with the calls' records) move into
+        // the commit uncopied.
+        let phases_of: Vec<((StepId, u32, u32), IntentPhase)> = intents
+            .iter()
+            .map(|i| ((i.step.clone(), i.iteration, i.attempt), i.phase))
+            .collect();
+        batch.intents = intents;
         let fence = Some(self.tenure.fence());
         let (commit, recorded) = store_commit(&self.run, fence, first, at, events, batch);
         self.store.commit(commit).await?;
@@ -692,13 +699,10 @@ impl RunCtx {
             live.apply(r)?;
         }
         drop(state);
-        if !intents.is_empty() {
+        if !phases_of.is_empty() {
             let mut phases = self.intents.lock().unwrap_or_else(|p| p.into_inner());
-            for i in intents {
-                phases
-                    .entry((i.step, i.iteration, i.attempt))
-                    .or_default()
-                    .push(i.phase);
+            for (key, phase) in phases_of {
+                phases.entry(key).or_default().push(phase);
             }
         }
         for point in deferred.crash_after {

@@ -930,7 +930,7 @@ struct EventDoc<'a> {
     seq: u64,
     at: i64,
     kind: &'a str,
-    body: String,
+    body: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -1003,7 +1003,7 @@ fn commit_doc<'a>(ctx: &Ctx, c: &'a Commit) -> Result<CommitDoc<'a>> {
                     seq: e.seq,
                     at: e.at,
                     kind: &e.kind,
-                    body: json_text(ctx, &e.body)?,
+                    body: e.body.as_str(),
                 })
             })
             .collect::<Result<_>>()?,

@@ -911,7 +911,7 @@ pub(crate) fn commit(c: &Connection, p: &Path, commit: &Commit) -> Result<()> {
                 to_i64(p, "event seq", e.seq)?,
                 e.at,
                 e.kind,
-                json_text(p, &e.body)?
+                e.body.as_str()
             ])
             .at(p)?;
         }

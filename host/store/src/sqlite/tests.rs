@@ -60,7 +60,7 @@ fn commit(run: &RunId, seq: u64, blob: Vec<u8>, durability: Durability) -> Commi
         seq,
         at: T0,
         kind: "test_event".into(),
-        body: json!({"seq": seq}),
+        body: json!({"seq": seq}).into(),
     });
     if !blob.is_empty() {
         c.blobs.push(blob);
