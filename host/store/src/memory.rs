@@ -61,12 +61,17 @@ impl MemoryStore {
     /// The events of `run` after `seq` (all of them for `None`), their
     /// bodies parsed.
     fn read_events(&self, run: &RunId, seq: Option<u64>) -> StoreResult<Vec<StoredEvent>> {
-        let s = self.lock();
-        let Some(log) = s.events.get(run) else {
-            return Ok(Vec::new());
+        // Copied under the lock (their text), parsed outside it: a long
+        // episode's parse never holds up other runs' commits.
+        let log: Vec<NewEvent> = match self.lock().events.get(run) {
+            None => return Ok(Vec::new()),
+            Some(log) => log
+                .iter()
+                .filter(|e| seq.is_none_or(|seq| e.seq > seq))
+                .cloned()
+                .collect(),
         };
-        log.iter()
-            .filter(|e| seq.is_none_or(|seq| e.seq > seq))
+        log.into_iter()
             .map(|e| {
                 let body = e.body.to_value().map_err(|cause| StoreError::Corrupt {
                     path: Path::new(":memory:").to_owned(),
@@ -76,7 +81,7 @@ impl MemoryStore {
                     run: run.clone(),
                     seq: e.seq,
                     at: e.at,
-                    kind: e.kind.clone(),
+                    kind: e.kind,
                     body,
                 })
             })
