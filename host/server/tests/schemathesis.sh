@@ -10,10 +10,15 @@
 #
 # Needs the debug binary (`cargo build -p poimen-cli`, or `cargo test`,
 # beforehand) and schemathesis (`python3 -m pip install --user
-# schemathesis==$SCHEMATHESIS_VERSION`; .ci/run installs it).
+# schemathesis==$SCHEMATHESIS_VERSION hypothesis==6.170.27`; .ci/run
+# installs both, pinned).
 #
-# Every phase runs (examples, coverage, fuzzing, stateful): about 10 s on
-# 2 cores, 1 170 requests.
+# Every phase runs (examples, coverage, fuzzing, stateful): about 7 s on
+# 2 cores, 1 170 requests. One worker: with two, schemathesis generates
+# from two threads, and a CI run of 2026-12-04 failed inside Hypothesis
+# (describing a strategy's lambda raised once, then passed on the retry:
+# a FlakyFailure, no finding about the API); one worker with a fixed seed
+# generates the same requests every time.
 #
 #   host/server/tests/schemathesis.sh [extra schemathesis args]
 #   POIMEN_BIN=path/to/poimen  MAX_EXAMPLES=20  (environment overrides)
@@ -106,7 +111,7 @@ PYTHONPATH="$ROOT/host/server/tests${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOO
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
   --max-examples "$MAX_EXAMPLES" \
   --seed 19 \
-  --workers 2 \
+  --workers 1 \
   --request-timeout 10 \
   --suppress-health-check all \
   --phases examples,coverage,fuzzing,stateful \
