@@ -179,10 +179,10 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
 
 /// The on-disk cache of compiled components.
 ///
-/// File layout: `<dir>/<digest hex>-<engine hash>.cwasm`, holding a magic
-/// line, a MAC, and the payload (wasmtime's serialized component). Files
-/// are written to a temporary name and renamed, so a reader never sees half
-/// a file.
+/// File layout: `<dir>/<digest hex>-<engine hash>.cwasm` is wasmtime's
+/// serialized component as it is, and `<same>.mac` beside it holds a magic
+/// line and the component file's MAC. Files are written to a temporary name
+/// and renamed, so a reader never sees half a file.
 ///
 /// The MAC is Blake3 keyed with this installation's secret
 /// (`<dir>/.key`, 32 random bytes created on first use, readable by its
@@ -190,6 +190,14 @@ pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
 /// directory, copied from another installation or renamed to another
 /// component's digest fails it and is never deserialized — the component is
 /// compiled again and the file replaced. Corruption fails it too.
+///
+/// A hit hashes the file through one open descriptor and hands wasmtime
+/// that same file (`/proc/self/fd/N`), which maps it instead of copying it:
+/// a start reads and copies none of its compiled code (a start of the CLI
+/// used to spend a third of its CPU reading ~20 MB of cached components into
+/// fresh memory and copying them again). The file checked is the file
+/// mapped; where `/proc` is missing, the bytes are read, checked and
+/// deserialized from memory.
 ///
 /// A compiled component is written only by [`keep`](Self::keep), once the
 /// host accepted it: a refused component leaves nothing behind. The files
@@ -212,7 +220,11 @@ impl std::fmt::Debug for CompileCache {
     }
 }
 
+/// The magic line before a kept description's MAC and payload.
 const MAGIC: &[u8; 16] = b"poimen-cwasm-v2\n";
+
+/// The magic line of a compiled component's `.mac` file (then its MAC).
+const MAC_MAGIC: &[u8; 16] = b"poimen-cwasm-v3\n";
 
 /// The installation's cache key: read from `<dir>/.key`, or created there
 /// (mode 0600) from the operating system's random source.
@@ -281,6 +293,11 @@ impl CompileCache {
         path.with_extension("described")
     }
 
+    /// Where a compiled component's MAC is kept, beside it.
+    fn mac_path(path: &Path) -> PathBuf {
+        path.with_extension("mac")
+    }
+
     /// What a cached component's `describe` returned, if this host kept it
     /// (authenticated like the compiled form): a component is a pure
     /// function of its bytes, so its description is too, and a hit need not
@@ -334,7 +351,7 @@ impl CompileCache {
         let path = self.path(dir, digest_hex);
         if let Ok(payload) = component.serialize()
             && (payload.len() as u64).saturating_add(HEADER_BYTES) <= self.max_bytes
-            && self.write(&path, &payload).is_ok()
+            && self.write_compiled(&path, &payload).is_ok()
         {
             self.evict(dir, &path);
         }
@@ -361,6 +378,7 @@ impl CompileCache {
             }
             if path != keep && std::fs::remove_file(&path).is_ok() {
                 let _ = std::fs::remove_file(Self::described_path(&path));
+                let _ = std::fs::remove_file(Self::mac_path(&path));
                 total = total.saturating_sub(len);
             }
         }
@@ -368,6 +386,13 @@ impl CompileCache {
 
     /// The MAC of a cache file: its name and payload under the key.
     fn mac(&self, path: &Path, payload: &[u8]) -> blake3::Hash {
+        let mut h = self.mac_of_name(path);
+        h.update(payload);
+        h.finalize()
+    }
+
+    /// The MAC's hasher, past the file's name (the payload comes next).
+    fn mac_of_name(&self, path: &Path) -> blake3::Hasher {
         let name = path
             .file_name()
             .map(|n| n.as_encoded_bytes())
@@ -375,8 +400,7 @@ impl CompileCache {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         h.update(&(name.len() as u64).to_le_bytes());
         h.update(name);
-        h.update(payload);
-        h.finalize()
+        h
     }
 
     /// The payload of the cache file at `path` whose contents are `file`,
@@ -392,15 +416,53 @@ impl CompileCache {
     }
 
     fn read(&self, engine: &Engine, path: &Path) -> Option<Component> {
-        let file = std::fs::read(path).ok()?;
-        let payload = self.authenticated(path, &file)?;
-        // SAFETY: `Component::deserialize` trusts its input to be wasmtime's
-        // own output for this engine. This file is: its MAC, under a key
-        // only this installation holds, proves this host wrote it (see
-        // `write`) under this name, which is keyed by the component's digest
-        // and this engine's compatibility hash; wasmtime additionally checks
-        // the engine settings in the header.
-        unsafe { Component::deserialize(engine, payload).ok() }
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let sealed = std::fs::read(Self::mac_path(path)).ok()?;
+        let mac = sealed.strip_prefix(MAC_MAGIC.as_slice())?;
+        let mac = blake3::Hash::from_bytes(mac.try_into().ok()?);
+        let mut file = std::fs::File::open(path).ok()?;
+        // The file just opened, by its descriptor: the name may be given to
+        // another file meanwhile, this one stays what was checked.
+        let opened = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        // SAFETY (both arms): `Component::deserialize*` trusts its input to
+        // be wasmtime's own output for this engine. This file is: its MAC,
+        // under a key only this installation holds, proves this host wrote
+        // it (see `write_compiled`) under this name, which is keyed by the
+        // component's digest and this engine's compatibility hash; wasmtime
+        // additionally checks the engine settings in the header. Cache
+        // files are only ever renamed into place, never written in place.
+        if opened.exists() {
+            let mut h = self.mac_of_name(path);
+            h.update_reader(&file).ok()?;
+            // `blake3::Hash` compares in constant time.
+            if h.finalize() != mac {
+                return None;
+            }
+            return unsafe { Component::deserialize_file(engine, &opened).ok() };
+        }
+        let mut payload = Vec::new();
+        file.read_to_end(&mut payload).ok()?;
+        if self.mac(path, &payload) != mac {
+            return None;
+        }
+        unsafe { Component::deserialize(engine, &payload).ok() }
+    }
+
+    /// Writes a compiled component as wasmtime serialized it, then its MAC
+    /// beside it (a reader finding either without the other, or another
+    /// writer's, misses and compiles).
+    fn write_compiled(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        tmp.write_all(payload)?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        tmp.write_all(MAC_MAGIC)?;
+        tmp.write_all(self.mac(path, payload).as_bytes())?;
+        tmp.persist(Self::mac_path(path)).map_err(|e| e.error)?;
+        Ok(())
     }
 
     fn write(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
@@ -415,7 +477,8 @@ impl CompileCache {
     }
 }
 
-/// The magic line and payload hash before a cached payload.
+/// The magic line and MAC kept with a cached payload (before a kept
+/// description, in the `.mac` file beside a compiled component).
 const HEADER_BYTES: u64 = 16 + 32;
 
 #[cfg(test)]
@@ -504,8 +567,41 @@ mod tests {
                 .expect("load");
             assert_eq!(outcome, CacheOutcome::Compiled);
         };
+        // Their compiled file is byte for byte ours (compiling is
+        // deterministic); their MAC file is not: their key is not ours.
+        let ours = cache.path(dir.path(), &digests[0]);
+        std::fs::copy(
+            CompileCache::mac_path(&theirs.path(other.path(), &digests[0])),
+            CompileCache::mac_path(&ours),
+        )
+        .expect("plant the MAC");
         planted_is_compiled_again(theirs.path(other.path(), &digests[0]));
-        // Our own file of the second component, renamed to the first's digest.
+        // A compiled file without its MAC file is compiled again.
+        let (c, o) = cache
+            .load(&engine, wats[0].as_bytes(), &digests[0])
+            .expect("load");
+        cache.keep(&c, &digests[0], o);
+        std::fs::remove_file(CompileCache::mac_path(&ours)).expect("drop the MAC");
+        assert_eq!(
+            cache
+                .load(&engine, wats[0].as_bytes(), &digests[0])
+                .expect("load")
+                .1,
+            CacheOutcome::Compiled
+        );
+        // Our own file of the second component, renamed to the first's
+        // digest (beside the first's own MAC file).
+        let (c, o) = cache
+            .load(&engine, wats[0].as_bytes(), &digests[0])
+            .expect("load");
+        cache.keep(&c, &digests[0], o);
+        assert_eq!(
+            cache
+                .load(&engine, wats[0].as_bytes(), &digests[0])
+                .expect("load")
+                .1,
+            CacheOutcome::Hit
+        );
         planted_is_compiled_again(cache.path(dir.path(), &digests[1]));
         // The same key next time: its own files still hit.
         let again =

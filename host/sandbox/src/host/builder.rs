@@ -1,6 +1,7 @@
 //! Building a [`PluginHost`]: the engine, the policy, the compile cache,
 //! and every component it starts with.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
@@ -30,7 +31,7 @@ pub struct PluginHostBuilder {
     policy: Option<Policy>,
     policy_file: Option<PathBuf>,
     plugin_dirs: Vec<PathBuf>,
-    components: Vec<(String, Vec<u8>)>,
+    components: Vec<(String, Cow<'static, [u8]>)>,
     limits: Option<CallLimits>,
     no_fuel: bool,
     no_pooling: bool,
@@ -90,8 +91,13 @@ impl PluginHostBuilder {
     }
 
     /// Loads this component at build; `origin` names it in errors (e.g.
-    /// `bundled:json`).
-    pub fn component_bytes(mut self, origin: impl Into<String>, bytes: impl Into<Vec<u8>>) -> Self {
+    /// `bundled:json`). Bytes of the program itself (`&'static [u8]`, e.g.
+    /// embedded with `include_bytes!`) are used where they are, not copied.
+    pub fn component_bytes(
+        mut self,
+        origin: impl Into<String>,
+        bytes: impl Into<Cow<'static, [u8]>>,
+    ) -> Self {
         self.components.push((origin.into(), bytes.into()));
         self
     }
@@ -212,30 +218,63 @@ impl PluginHostBuilder {
             }),
         };
         let mut refused = Vec::new();
+        // Every component is prepared at once (hashed, read from the
+        // compile cache or compiled, checked, described: nothing that
+        // touches the registry), each on its own task; then registered in
+        // order.
+        let withhold = self.withhold_ungranted;
+        let prepare = |origin: String, bytes: Cow<'static, [u8]>| {
+            let h = host.clone();
+            let named = origin.clone();
+            let task = tokio::spawn(async move {
+                let prepared = h.prepare(&origin, bytes, withhold).await;
+                (origin, prepared)
+            });
+            async move {
+                task.await.map_err(|e| LoadError::Compile {
+                    origin: named,
+                    message: format!("loading it stopped: {e}"),
+                })
+            }
+        };
+        let given: Vec<_> = self
+            .components
+            .into_iter()
+            .map(|(origin, bytes)| prepare(origin, bytes))
+            .collect();
+        let found: Vec<_> = components
+            .into_iter()
+            .map(|(origin, bytes)| prepare(origin, Cow::Owned(bytes)))
+            .collect();
         // The embedder's components first: their names are reserved, so no
         // component from a plugin directory can take one (and be served
         // under a first-party name, with its grants).
-        for (origin, bytes) in self.components {
-            match host
-                .load_inner(origin, bytes, self.withhold_ungranted, false)
-                .await
-            {
+        for prepared in given {
+            let (origin, prepared) = match prepared.await {
+                Ok(p) => p,
+                Err(e) => {
+                    refused.push(e);
+                    continue;
+                }
+            };
+            match host.register(origin, prepared, withhold, false).await {
                 Ok((entry, _)) => host.reserve(&entry.info.name, &entry.origin),
                 // A withheld component is recorded, not refused; its name
                 // stays reserved (no one else may take it while it waits
                 // for a grant).
                 Err(LoadError::CapabilityDenied {
                     component, origin, ..
-                }) if self.withhold_ungranted => host.reserve(&component, &origin),
+                }) if withhold => host.reserve(&component, &origin),
                 Err(e) => refused.push(e),
             }
         }
-        for (origin, bytes) in components {
-            if let Err(e) = host
-                .load_inner(origin, bytes, self.withhold_ungranted, false)
-                .await
-            {
-                if !self.withhold_ungranted {
+        for prepared in found {
+            let registered = match prepared.await {
+                Ok((origin, prepared)) => host.register(origin, prepared, withhold, false).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = registered {
+                if !withhold {
                     refused.push(e);
                 } else if !matches!(e, LoadError::CapabilityDenied { .. }) {
                     // Tolerant: one bad file in a plugin directory never

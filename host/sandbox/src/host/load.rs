@@ -3,6 +3,7 @@
 //! policy, call `describe`, and register it — or withhold it, naming the
 //! grant it lacks.
 
+use std::borrow::Cow;
 use std::sync::PoisonError;
 use std::time::Instant;
 
@@ -94,7 +95,7 @@ fn compile_output_schema(origin: &str, schema: &Value) -> Result<OutputSchema, L
 }
 
 /// A component compiled and checked up to (not including) policy.
-struct Checked {
+pub(super) struct Checked {
     kind: PluginKind,
     info: ToolInfo,
     pre: Pre,
@@ -108,6 +109,18 @@ struct Checked {
     /// What the cache keeps of a description made now, once accepted.
     described: Option<Vec<u8>>,
     output_schema: OutputSchema,
+}
+
+/// A component on its way to the registry (see `PluginHost::prepare`).
+pub(super) enum Prepared {
+    /// Compiled, checked and described, or why not.
+    Checked(Result<Box<Checked>, LoadError>),
+    /// Its kept description says the policy denies it: withheld again
+    /// unless its name is reserved against it meanwhile (then checked).
+    DeniedBefore {
+        digest_hex: String,
+        bytes: Cow<'static, [u8]>,
+    },
 }
 
 /// What a component's `describe` returned, as the compile cache keeps it.
@@ -126,7 +139,7 @@ impl PluginHost {
     async fn check(
         &self,
         origin: &str,
-        bytes: Vec<u8>,
+        bytes: Cow<'static, [u8]>,
         digest_hex: String,
     ) -> Result<Checked, LoadError> {
         let digest = format!("b3:{digest_hex}");
@@ -337,7 +350,7 @@ impl PluginHost {
         origin: impl Into<String>,
         bytes: impl Into<Vec<u8>>,
     ) -> Result<crate::registry::Entry, LoadError> {
-        self.load_inner(origin.into(), bytes.into(), false, false)
+        self.load_inner(origin.into(), Cow::Owned(bytes.into()), false, false)
             .await
             .map(|(entry, _)| entry)
     }
@@ -354,7 +367,7 @@ impl PluginHost {
         bytes: impl Into<Vec<u8>>,
     ) -> Result<crate::registry::Replacement, LoadError> {
         let (loaded, retired) = self
-            .load_inner(origin.into(), bytes.into(), false, true)
+            .load_inner(origin.into(), Cow::Owned(bytes.into()), false, true)
             .await?;
         Ok(crate::registry::Replacement { loaded, retired })
     }
@@ -413,12 +426,7 @@ impl PluginHost {
     /// this digest and its world), its name is not reserved against it,
     /// and the policy still denies it.
     fn withheld_as_before(&self, origin: &str, digest_hex: &str) -> Option<LoadError> {
-        let kept = self.inner.cache.described(digest_hex)?;
-        let Described { info, kind, .. } = serde_json::from_slice::<Described>(&kept).ok()?;
-        let kind = kind?;
-        if info.digest != format!("b3:{digest_hex}") {
-            return None;
-        }
+        let (info, kind) = self.kept_description(digest_hex)?;
         let mut registry = self
             .inner
             .registry
@@ -444,6 +452,30 @@ impl PluginHost {
         Some(denied)
     }
 
+    /// Whether this component's kept description says the policy denies it
+    /// (what [`withheld_as_before`](Self::withheld_as_before) decides,
+    /// without the registry).
+    fn denied_as_before(&self, digest_hex: &str) -> bool {
+        self.kept_description(digest_hex).is_some_and(|(info, _)| {
+            self.inner
+                .policy
+                .grant(&info.name, &info.digest, &info.capabilities)
+                .is_err()
+        })
+    }
+
+    /// A component's description as this installation kept it, if it names
+    /// this digest and its world.
+    fn kept_description(&self, digest_hex: &str) -> Option<(ToolInfo, PluginKind)> {
+        let kept = self.inner.cache.described(digest_hex)?;
+        let Described { info, kind, .. } = serde_json::from_slice::<Described>(&kept).ok()?;
+        let kind = kind?;
+        if info.digest != format!("b3:{digest_hex}") {
+            return None;
+        }
+        Some((info, kind))
+    }
+
     /// Loads a component. With `withhold`, one denied a capability is also
     /// recorded as withheld; the denial is returned either way. With
     /// `replace`, it takes the place of the loaded ones of its kind and
@@ -451,18 +483,52 @@ impl PluginHost {
     pub(super) async fn load_inner(
         &self,
         origin: String,
-        bytes: Vec<u8>,
+        bytes: Cow<'static, [u8]>,
         withhold: bool,
         replace: bool,
     ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
+        let prepared = self.prepare(&origin, bytes, withhold && !replace).await;
+        self.register(origin, prepared, withhold, replace).await
+    }
+
+    /// What loading a component does before it meets the registry: its
+    /// digest, then compiled (or read from the cache), checked and
+    /// described — unless, with `withhold`, its kept description says the
+    /// policy denies it (then [`register`](Self::register) withholds it
+    /// again without compiling it). Touches no registry: the components of
+    /// one start are prepared at once, and registered in their order.
+    pub(super) async fn prepare(
+        &self,
+        origin: &str,
+        bytes: Cow<'static, [u8]>,
+        withhold: bool,
+    ) -> Prepared {
         let digest_hex = blake3::hash(&bytes).to_hex().to_string();
-        if withhold
-            && !replace
-            && let Some(denied) = self.withheld_as_before(&origin, &digest_hex)
-        {
-            return Err(denied);
+        if withhold && self.denied_as_before(&digest_hex) {
+            return Prepared::DeniedBefore { digest_hex, bytes };
         }
-        let c = self.check(&origin, bytes, digest_hex).await?;
+        Prepared::Checked(self.check(origin, bytes, digest_hex).await.map(Box::new))
+    }
+
+    /// Registers a prepared component (see [`load_inner`](Self::load_inner)).
+    pub(super) async fn register(
+        &self,
+        origin: String,
+        prepared: Prepared,
+        withhold: bool,
+        replace: bool,
+    ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
+        let c = match prepared {
+            Prepared::Checked(c) => *c?,
+            Prepared::DeniedBefore { digest_hex, bytes } => {
+                if let Some(denied) = self.withheld_as_before(&origin, &digest_hex) {
+                    return Err(denied);
+                }
+                // Its name is reserved against it now: the full path says
+                // why.
+                self.check(&origin, bytes, digest_hex).await?
+            }
+        };
         let reserved = {
             let registry = self
                 .inner
@@ -566,7 +632,9 @@ impl PluginHost {
     pub async fn inspect(&self, bytes: impl Into<Vec<u8>>) -> Result<Inspection, LoadError> {
         let bytes: Vec<u8> = bytes.into();
         let digest_hex = blake3::hash(&bytes).to_hex().to_string();
-        let c = self.check("inspected component", bytes, digest_hex).await?;
+        let c = self
+            .check("inspected component", Cow::Owned(bytes), digest_hex)
+            .await?;
         // One this host would load is compiled once: its next load hits the
         // cache. One it would refuse leaves nothing behind.
         if self
