@@ -156,6 +156,11 @@ async fn main() -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    // Without it, Nagle holds a response's last bytes until the client's
+    // delayed ACK (~40 ms on a kept-alive connection).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).await?;
     Ok(())
 }

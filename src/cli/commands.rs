@@ -1133,6 +1133,14 @@ async fn serve(
                 poimen_server::app(std::sync::Arc::new(host.clone()), config.queue_starts(true))
                     .layer(axum::middleware::from_fn(crate::telemetry::trace_context));
             let mut stopped = stopped.clone();
+            // A response's last bytes go out at once, not after the
+            // client's delayed ACK (Nagle held a finished run's event
+            // stream ~40 ms on a kept-alive connection).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
+                }
+            });
             Some(tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async move {
