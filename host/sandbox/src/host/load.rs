@@ -120,6 +120,8 @@ pub(super) enum Prepared {
     DeniedBefore {
         digest_hex: String,
         bytes: Cow<'static, [u8]>,
+        info: Box<ToolInfo>,
+        kind: PluginKind,
     },
 }
 
@@ -421,12 +423,17 @@ impl PluginHost {
     /// A component this host withheld before, withheld again from its
     /// kept description without compiling it or running its `describe`
     /// (a start pays nothing for the bundled components its policy does
-    /// not grant). `None` — take the full path — unless the description is
-    /// in the cache (authenticated, written by this installation, naming
-    /// this digest and its world), its name is not reserved against it,
-    /// and the policy still denies it.
-    fn withheld_as_before(&self, origin: &str, digest_hex: &str) -> Option<LoadError> {
-        let (info, kind) = self.kept_description(digest_hex)?;
+    /// not grant), from the description [`prepare`](Self::prepare) found
+    /// kept in the cache (authenticated, written by this installation,
+    /// naming this digest and its world). `None` — take the full path —
+    /// unless its name is not reserved against it and the policy still
+    /// denies it.
+    fn withheld_as_before(
+        &self,
+        origin: &str,
+        info: ToolInfo,
+        kind: PluginKind,
+    ) -> Option<LoadError> {
         let mut registry = self
             .inner
             .registry
@@ -450,18 +457,6 @@ impl PluginHost {
             reason: denied.to_string(),
         });
         Some(denied)
-    }
-
-    /// Whether this component's kept description says the policy denies it
-    /// (what [`withheld_as_before`](Self::withheld_as_before) decides,
-    /// without the registry).
-    fn denied_as_before(&self, digest_hex: &str) -> bool {
-        self.kept_description(digest_hex).is_some_and(|(info, _)| {
-            self.inner
-                .policy
-                .grant(&info.name, &info.digest, &info.capabilities)
-                .is_err()
-        })
     }
 
     /// A component's description as this installation kept it, if it names
@@ -504,8 +499,20 @@ impl PluginHost {
         withhold: bool,
     ) -> Prepared {
         let digest_hex = blake3::hash(&bytes).to_hex().to_string();
-        if withhold && self.denied_as_before(&digest_hex) {
-            return Prepared::DeniedBefore { digest_hex, bytes };
+        if withhold
+            && let Some((info, kind)) = self.kept_description(&digest_hex)
+            && self
+                .inner
+                .policy
+                .grant(&info.name, &info.digest, &info.capabilities)
+                .is_err()
+        {
+            return Prepared::DeniedBefore {
+                digest_hex,
+                bytes,
+                info: Box::new(info),
+                kind,
+            };
         }
         Prepared::Checked(self.check(origin, bytes, digest_hex).await.map(Box::new))
     }
@@ -520,8 +527,13 @@ impl PluginHost {
     ) -> Result<(crate::registry::Entry, Vec<crate::registry::Entry>), LoadError> {
         let c = match prepared {
             Prepared::Checked(c) => *c?,
-            Prepared::DeniedBefore { digest_hex, bytes } => {
-                if let Some(denied) = self.withheld_as_before(&origin, &digest_hex) {
+            Prepared::DeniedBefore {
+                digest_hex,
+                bytes,
+                info,
+                kind,
+            } => {
+                if let Some(denied) = self.withheld_as_before(&origin, *info, kind) {
                     return Err(denied);
                 }
                 // Its name is reserved against it now: the full path says
