@@ -46,6 +46,58 @@ fn run_prints_the_run_id_first_and_the_output_last() {
     assert!(env.path().join("home/poimen.db").exists());
 }
 
+/// The reading verbs open the store with the header check instead of a scan
+/// of every page: a truncated store is still refused, naming the damage and
+/// changing nothing, and so is a run on it (the full check).
+#[test]
+fn reading_verbs_refuse_a_truncated_store_and_change_nothing() {
+    let env = Env::new();
+    let (code, out) = env.json(&[
+        "run",
+        fixture(TEXT_REPORT).to_str().expect("utf8"),
+        "--input",
+        &input(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let run = out["run"].as_str().expect("run id").to_owned();
+    let db = env.path().join("home/poimen.db");
+    let len = std::fs::metadata(&db).expect("store").len();
+    assert!(len >= 8 * 4096, "the store spans pages ({len} bytes)");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .and_then(|f| f.set_len(len / 2 / 4096 * 4096))
+        .expect("truncate");
+    let before = std::fs::read(&db).expect("read");
+    for args in [
+        vec!["status", run.as_str()],
+        vec!["episode", run.as_str()],
+        vec!["versions"],
+        vec![
+            "run",
+            fixture(TEXT_REPORT).to_str().expect("utf8"),
+            "--input",
+            &input(),
+        ],
+    ] {
+        let out = env.cmd().args(&args).output().expect("poimen");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("is damaged") && stderr.contains("poimen.db"),
+            "{args:?}: {stderr}"
+        );
+        if args[0] != "run" {
+            assert!(stderr.contains("truncated"), "{args:?}: {stderr}");
+        }
+        assert_eq!(
+            std::fs::read(&db).expect("read"),
+            before,
+            "{args:?} changed nothing"
+        );
+    }
+}
+
 #[test]
 fn run_json_status_episode_audit_resume() {
     let env = Env::new();

@@ -47,7 +47,9 @@ async fn bench() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shadow-bench");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("bench dir");
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // The fixtures are the workspace's, two levels above this crate
+    // (`host/poimen`).
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let host = Host::builder()
         .store_path(dir.join("poimen.db"))
         .cache_dir(dir.join("cache"))

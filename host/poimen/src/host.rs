@@ -79,6 +79,7 @@ pub enum ModelChoice {
 #[must_use]
 pub struct HostBuilder {
     store: StoreChoice,
+    store_check: poimen_store::OpenCheck,
     plugin_dirs: Vec<PathBuf>,
     policy: Option<PathBuf>,
     bundled: bool,
@@ -94,6 +95,7 @@ impl Default for HostBuilder {
     fn default() -> Self {
         HostBuilder {
             store: StoreChoice::Memory,
+            store_check: poimen_store::OpenCheck::Full,
             plugin_dirs: Vec::new(),
             policy: None,
             bundled: true,
@@ -122,6 +124,17 @@ impl HostBuilder {
     /// scheme is refused naming the accepted ones.
     pub fn store_url(mut self, url: impl Into<String>) -> Self {
         self.store = StoreChoice::Url(url.into());
+        self
+    }
+
+    /// How much of an SQLite store file's structure the open checks:
+    /// [`OpenCheck::Full`](poimen_store::OpenCheck::Full) (`PRAGMA
+    /// quick_check`, the default) or, for a host that only reads,
+    /// [`OpenCheck::Header`](poimen_store::OpenCheck::Header) (constant
+    /// time; SQLite still checks each page a read reaches). No effect on
+    /// other stores.
+    pub fn store_check(mut self, check: poimen_store::OpenCheck) -> Self {
+        self.store_check = check;
         self
     }
 
@@ -296,7 +309,16 @@ impl HostBuilder {
             other => other.clone(),
         };
         let store: Arc<dyn Store> = match &choice {
-            StoreChoice::Sqlite(path) => Arc::new(SqliteStore::open(path.clone()).await?),
+            StoreChoice::Sqlite(path) => Arc::new(
+                SqliteStore::open_with(
+                    path.clone(),
+                    poimen_store::SqliteOptions {
+                        check: self.store_check,
+                        ..Default::default()
+                    },
+                )
+                .await?,
+            ),
             StoreChoice::Url(url) => poimen_store::open_store(url).await?,
             StoreChoice::Given(store) => store.clone(),
             StoreChoice::Memory => Arc::new(MemoryStore::new()),

@@ -67,7 +67,7 @@ pub use poimen_sandbox::{
 };
 pub use poimen_store::{
     GcReport, IdParseError, IntentPhase, IntentRecord, JudgmentId, JudgmentRecord, JudgmentStatus,
-    RunFilter, RunId, RunRecord, Store, StoreError, VersionRecord, WorkflowSummary,
+    OpenCheck, RunFilter, RunId, RunRecord, Store, StoreError, VersionRecord, WorkflowSummary,
 };
 pub use poimen_workflow::{
     EligibilityReport, ParseError, StepId, Validated, ValidationError, WorkflowDef, WorkflowId,

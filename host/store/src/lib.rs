@@ -48,7 +48,9 @@ pub use records::{
 };
 pub use redact::redact_url;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{APPLICATION_ID, SCHEMA_VERSION, SqliteOptions, SqliteStore, WriterStats};
+pub use sqlite::{
+    APPLICATION_ID, OpenCheck, SCHEMA_VERSION, SqliteOptions, SqliteStore, WriterStats,
+};
 pub use store::{Store, StoreResult};
 pub use ulid::Ulid;
 pub use url::{StoreUrl, open_store};

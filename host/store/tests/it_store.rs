@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use poimen_store::{
     Admission, AdmissionRequest, ArmedRecord, BlobHash, Commit, CreateRun, DEFAULT_TENANT,
     Durability, EventBody, Fence, GcReport, IntentPhase, IntentRecord, JudgmentId, JudgmentStatus,
-    JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun, NewVersion, PublishOutcome,
-    RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION, SqliteOptions, SqliteStore,
-    Store, StoreError, Ulid, VersionRecord,
+    JudgmentWrite, Lease, LeaseRequest, MemoryStore, NewEvent, NewRun, NewVersion, OpenCheck,
+    PublishOutcome, RunFilter, RunId, RunRecord, RunStatus, RunUpdate, SCHEMA_VERSION,
+    SqliteOptions, SqliteStore, Store, StoreError, Ulid, VersionRecord,
 };
 use poimen_workflow::{EffectClass, StepId, VersionPrefix, WorkflowId, WorkflowVersion};
 use serde_json::{Value, json};
@@ -3440,6 +3440,91 @@ async fn damaged_and_foreign_files_are_refused_at_open() {
     // A directory.
     let err = SqliteStore::open(dir.path()).await.expect_err("directory");
     assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+}
+
+/// The header check a reading open makes instead of `quick_check`: a file
+/// truncated at a page boundary or mid-page is refused, changing nothing;
+/// damage inside a page opens, and SQLite reports it when a read reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_checked_open_refuses_a_truncated_store_and_reads_report_damage() {
+    let header = SqliteOptions {
+        check: OpenCheck::Header,
+        ..SqliteOptions::default()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // An intact store opens and reads.
+    let good = dir.path().join("good.db");
+    populated_store(&good).await;
+    let s = SqliteStore::open_with(&good, header.clone())
+        .await
+        .expect("an intact store opens with the header check");
+    assert_eq!(
+        s.list_runs(RunFilter::default()).await.expect("list").len(),
+        1
+    );
+    drop(s);
+    let len = std::fs::metadata(&good).expect("meta").len();
+    assert!(len > 64 * 1024, "the store spans many pages ({len} bytes)");
+
+    // Truncated at a page boundary, and in the middle of a page.
+    for (name, cut, says) in [
+        (
+            "pages.db",
+            (len / 2) / 4096 * 4096,
+            "pages its header counts",
+        ),
+        ("mid.db", len / 2 + 123, "whole number"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::copy(&good, &path).expect("copy");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(cut))
+            .expect("truncate");
+        let before = file_digest(&path);
+        let err = SqliteStore::open_with(&path, header.clone())
+            .await
+            .expect_err("truncated");
+        assert!(
+            matches!(&err, StoreError::Corrupt { detail, .. } if detail.contains(says)),
+            "{name}: {err:?}"
+        );
+        assert!(err.to_string().contains("damaged"), "{err}");
+        assert_eq!(file_digest(&path), before, "{name}: nothing changed");
+    }
+
+    // A page overwritten with garbage: the structure is not scanned at
+    // open, and the read that reaches the page reports it as Corrupt.
+    let torn = dir.path().join("torn.db");
+    std::fs::copy(&good, &torn).expect("copy");
+    let mut bytes = std::fs::read(&torn).expect("read");
+    let page_size = 4096usize;
+    let pages = bytes.len() / page_size;
+    for page in 1..pages {
+        for (i, b) in bytes[page * page_size..(page + 1) * page_size]
+            .iter_mut()
+            .enumerate()
+        {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(7);
+        }
+    }
+    std::fs::write(&torn, &bytes).expect("write");
+    let full = SqliteStore::open(&torn).await.expect_err("the full check");
+    assert!(full.is_corruption(), "{full:?}");
+    match SqliteStore::open_with(&torn, header.clone()).await {
+        // The schema lives on page 1 (kept): the open may pass, then
+        // reading the runs reaches a torn page.
+        Ok(s) => {
+            let err = s
+                .list_runs(RunFilter::default())
+                .await
+                .expect_err("a torn page is never data");
+            assert!(err.is_corruption(), "{err:?}");
+        }
+        Err(err) => assert!(err.is_corruption(), "{err:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

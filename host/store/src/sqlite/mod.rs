@@ -63,6 +63,27 @@ pub struct SqliteOptions {
     /// Cap on the store's size in pages (4 KiB each); a write past it fails
     /// with [`StoreError::Full`], as on a full disk. `None`: no cap.
     pub max_page_count: Option<u64>,
+    /// How much of the file's structure `open` checks before it is used.
+    pub check: OpenCheck,
+}
+
+/// How much of a store file's structure [`SqliteStore::open_with`] checks.
+///
+/// Either way SQLite checks every page it reads (`cell_size_check` is on),
+/// so a damaged page that a later read reaches is [`StoreError::Corrupt`],
+/// never data; and blobs and versions are re-hashed on every read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenCheck {
+    /// `PRAGMA quick_check`: the structure of every page and index, before
+    /// anything else. Its cost grows with the store (~2 ms a MB). The
+    /// default, and what a host that drives runs opens with.
+    #[default]
+    Full,
+    /// The file against its own header: a file shorter than the pages its
+    /// header counts (truncated), or not a whole number of pages, is
+    /// [`StoreError::Corrupt`]. Constant time: for opens that read what
+    /// they need and write nothing of their own (the CLI's reading verbs).
+    Header,
 }
 
 impl Default for SqliteOptions {
@@ -71,6 +92,7 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(5),
             readers: 2,
             max_page_count: None,
+            check: OpenCheck::Full,
         }
     }
 }
@@ -144,7 +166,8 @@ impl SqliteStore {
     ///
     /// Refuses, changing nothing: a directory ([`StoreError::Open`]); an
     /// empty (0-byte), truncated or damaged file ([`StoreError::Corrupt`] —
-    /// `PRAGMA quick_check` runs on every open); a file that is not SQLite,
+    /// `PRAGMA quick_check` runs on every open, or the header check of
+    /// [`OpenCheck::Header`] where the options ask for it); a file that is not SQLite,
     /// or another application's database ([`StoreError::NotADatabase`]); a
     /// store of a newer schema ([`StoreError::NewerSchema`]); a file or
     /// directory that cannot be written ([`StoreError::ReadOnly`]). An older
@@ -171,9 +194,18 @@ impl SqliteStore {
                 cause: "the file, or the file system holding it, is not writable".into(),
             });
         }
+        if options.check == OpenCheck::Header {
+            // Before SQLite reads any page past the header: a truncated
+            // file is named as such, not as whatever page SQLite missed.
+            schema::header_check(path)?;
+        }
         let kind = schema::classify(&conn, path)?;
-        if let FileKind::Store(_) = kind {
-            schema::quick_check(&conn, path)?;
+        if let FileKind::Store(found) = kind {
+            // A store about to be migrated is checked in full whatever the
+            // options say: the migration rewrites it.
+            if options.check == OpenCheck::Full || found < SCHEMA_VERSION {
+                schema::quick_check(&conn, path)?;
+            }
         }
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
@@ -396,7 +428,7 @@ fn sync_dir(dir: &Path) -> StoreResult<()> {
         })
 }
 
-fn io_error(path: &Path, e: io::Error) -> StoreError {
+pub(crate) fn io_error(path: &Path, e: io::Error) -> StoreError {
     match e.kind() {
         io::ErrorKind::ReadOnlyFilesystem | io::ErrorKind::PermissionDenied => {
             StoreError::ReadOnly {

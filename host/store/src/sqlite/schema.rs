@@ -13,6 +13,7 @@ use std::path::Path;
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::errors::sql_error;
+use super::io_error;
 use crate::error::StoreError;
 
 /// `PRAGMA application_id` of a poimen store: "POIM".
@@ -148,6 +149,55 @@ pub(crate) fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreErr
         path: path.to_owned(),
         detail: format!("SQLite's quick_check failed: {}", problems.join("; ")),
     })
+}
+
+/// The file against its own header (the first 100 bytes, SQLite's file
+/// format §1.3): its length must be a whole number of pages and, where the
+/// header's page count is valid (its version-valid-for number equals the
+/// change counter), at least that many pages. In WAL mode the count is the
+/// one of the last checkpoint, and a checkpoint never shrinks the file
+/// below it, so a longer file is fine and a shorter one was truncated.
+/// Constant time; it cannot see damage inside a page (SQLite does, when a
+/// read reaches it). A file without SQLite's header passes: [`classify`]
+/// refuses it, naming what it is.
+pub(crate) fn header_check(path: &Path) -> Result<(), StoreError> {
+    use std::io::Read;
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail,
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let len = file.metadata().map_err(|e| io_error(path, e))?.len();
+    let mut header = [0u8; 100];
+    if file.read_exact(&mut header).is_err() || &header[..16] != b"SQLite format 3\0" {
+        // No SQLite header: `classify` names what the file is instead.
+        return Ok(());
+    }
+    let be32 = |at: usize| {
+        u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536u64,
+        n if n >= 512 && n.is_power_of_two() => u64::from(n),
+        n => {
+            return Err(corrupt(format!(
+                "the header's page size {n} is not a valid SQLite page size"
+            )));
+        }
+    };
+    if len % page_size != 0 {
+        return Err(corrupt(format!(
+            "the file is {len} bytes, not a whole number of {page_size}-byte pages (truncated or appended to)"
+        )));
+    }
+    let (changes, pages, valid_for) = (be32(24), u64::from(be32(28)), be32(92));
+    if changes == valid_for && pages > 0 && len < pages * page_size {
+        return Err(corrupt(format!(
+            "the file holds {} of the {pages} pages its header counts (truncated)",
+            len / page_size
+        )));
+    }
+    Ok(())
 }
 
 /// Applies every migration of `migrations` above the store's version, in one
