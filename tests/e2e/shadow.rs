@@ -95,6 +95,93 @@ async fn shadow_a_reformatted_candidate_is_the_baseline_and_ties_everywhere() {
     }
 }
 
+/// The report as JSON without its volatile fields and without what says
+/// how tool calls were answered.
+fn outcomes_only(report: &poimen::shadow::ShadowReport) -> Value {
+    let mut v = without_volatile(report);
+    v["tools"] = Value::Null;
+    for run in v["runs"].as_array_mut().expect("runs") {
+        run["tools"] = Value::Null;
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_takes_repeatable_calls_from_the_record_and_changes_no_outcome() {
+    let env = Env::new();
+    let host = host(&env).await;
+    let baseline = record_baseline(&host).await;
+    let reformatted = Target::File(fixture("shadow/text-report.reformatted.json"));
+    // The README's tools (`text`, `json`) and its verifier (`json-schema`)
+    // are pure and granted nothing: every call the candidate makes, the
+    // baseline made identically — four tool calls (words, emails, flag or
+    // pass, report) and two verdicts a run, none run again.
+    let replayed = host
+        .shadow(&reformatted, &baseline, &opts())
+        .await
+        .expect("shadow");
+    for r in &replayed.runs {
+        assert_eq!(
+            (
+                r.tools.reused,
+                r.tools.verdicts_reused,
+                r.tools.replayed,
+                r.tools.live
+            ),
+            (4, 2, 0, 0),
+            "{r:#?}"
+        );
+    }
+    assert!(
+        render_text_of(&replayed)
+            .contains("16 tool call(s) and 8 verdict(s) taken from its record"),
+        "{}",
+        render_text_of(&replayed)
+    );
+    // `--tools live` runs them all again: the same report in every outcome.
+    let mut live = opts();
+    live.tools = poimen::shadow::ToolMode::Live;
+    let again = host
+        .shadow(&reformatted, &baseline, &live)
+        .await
+        .expect("shadow");
+    for r in &again.runs {
+        assert_eq!((r.tools.reused, r.tools.verdicts_reused), (0, 0), "{r:#?}");
+    }
+    assert_eq!(outcomes_only(&replayed), outcomes_only(&again));
+    // A changed argument is a call the baseline never made: it runs, and so
+    // does every call downstream whose arguments it changed. The runs that
+    // took `flag` reuse `words` and `emails` and their one verdict; `flag`
+    // and `report` (and report's verdict) ran.
+    let changed = host
+        .shadow(
+            &Target::File(fixture("shadow/text-report.changed-arg.yaml")),
+            &baseline,
+            &opts(),
+        )
+        .await
+        .expect("shadow");
+    for r in &changed.runs {
+        let expected = if r.output_equal { (4, 2) } else { (2, 1) };
+        assert_eq!(
+            (r.tools.reused, r.tools.verdicts_reused),
+            expected,
+            "{r:#?}"
+        );
+    }
+    let mut live = opts();
+    live.tools = poimen::shadow::ToolMode::Live;
+    let changed_live = host
+        .shadow(
+            &Target::File(fixture("shadow/text-report.changed-arg.yaml")),
+            &baseline,
+            &live,
+        )
+        .await
+        .expect("shadow");
+    assert_eq!(outcomes_only(&changed), outcomes_only(&changed_live));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_a_changed_tool_argument_shows_in_the_output_and_episode_diffs() {
     let env = Env::new();

@@ -1089,7 +1089,7 @@ impl ModelProvider for ReplayModels {
 
 // ------------------------------------------------------------------ tools
 
-/// Where tool steps of shadow runs that read the world get their outputs.
+/// Where tool steps and verifiers of shadow runs get their outcomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ToolMode {
@@ -1098,9 +1098,18 @@ pub enum ToolMode {
     /// with the baseline's recorded output, so a difference comes from the
     /// candidate, not from the world changing since. A call the baseline
     /// never made runs live.
+    ///
+    /// A call whose outcome is a function of its component, arguments and
+    /// limits alone (a pure tool or a verifier granted nothing:
+    /// `PluginHost::repeatable`) is answered with the baseline's identical
+    /// call, when it made one that succeeded under the same limits — and,
+    /// for a tool, drew nothing from its random source (seeded by the call's
+    /// idempotency key, which differs between runs). Making that call again
+    /// would return the same bytes: this saves the guest's time, it changes
+    /// no outcome.
     #[default]
     Replay,
-    /// Every tool runs live, against the world as it is now.
+    /// Every tool and verifier runs live, against the world as it is now.
     Live,
 }
 
@@ -1115,24 +1124,76 @@ impl std::str::FromStr for ToolMode {
     }
 }
 
-/// How tool calls of a shadow run that read the world were answered.
+/// How the tool and verifier calls of a shadow run were answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ToolAnswers {
-    /// Answered with the baseline's recorded output.
+    /// World-reading tool calls answered with the baseline's recorded output.
     pub replayed: u32,
-    /// Run live (`--tools live`, or a call the baseline never made).
+    /// World-reading tool calls run live (`--tools live`, or a call the
+    /// baseline never made).
     pub live: u32,
+    /// Repeatable tool calls answered with the baseline's identical call
+    /// (see [`ToolMode::Replay`]); the rest ran in the sandbox.
+    #[serde(default)]
+    pub reused: u32,
+    /// Verifier calls answered with the baseline's identical call.
+    #[serde(default)]
+    pub verdicts_reused: u32,
 }
 
-/// The sandbox's tools, with world-reading calls replayed from a baseline.
+/// What a repeatable call's outcome is a function of: the component, the
+/// arguments' hash, and the limits but for the timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RepeatKey {
+    digest: String,
+    args_hash: String,
+    limits: poimen_sandbox::CallLimits,
+}
+
+impl RepeatKey {
+    fn new(digest: &str, args_hash: String, mut limits: poimen_sandbox::CallLimits) -> Self {
+        limits.timeout = std::time::Duration::ZERO;
+        RepeatKey {
+            digest: digest.to_owned(),
+            args_hash,
+            limits,
+        }
+    }
+
+    /// The key of a recorded successful call, when its hostcall record says
+    /// it was repeatable: it ran `digest` granted nothing, and (`tool`) drew
+    /// no random words.
+    fn recorded(digest: &str, args_hash: &str, record: &Value, tool: bool) -> Option<Self> {
+        if record["tool"]["digest"].as_str() != Some(digest)
+            || record["capabilities"]
+                .as_array()
+                .is_none_or(|c| !c.is_empty())
+            || record["outcome"]["status"] != "ok"
+            || (tool && record["baseline"]["random_words"].as_u64() != Some(0))
+        {
+            return None;
+        }
+        let limits = poimen_sandbox::CallLimits::deserialize(&record["limits"]).ok()?;
+        Some(RepeatKey::new(digest, args_hash.to_owned(), limits))
+    }
+}
+
+/// The sandbox's tools, with world-reading calls replayed from a baseline,
+/// and repeatable calls the baseline made answered from its record.
 struct ReplayTools {
     live: crate::tools::SandboxTools,
     /// Recorded outcomes by (component digest, arguments hash).
     recorded: HashMap<(String, String), (Result<Value, Failure>, Value)>,
+    /// Recorded successful repeatable tool calls: output and record.
+    repeats: HashMap<RepeatKey, (Value, Value)>,
+    /// Recorded verdicts of repeatable verifier calls, and their records.
+    verdicts: HashMap<RepeatKey, (poimen_executor::Verdict, Value)>,
     mode: ToolMode,
     baseline: String,
     replayed: AtomicU32,
     live_calls: AtomicU32,
+    reused: AtomicU32,
+    verdicts_reused: AtomicU32,
 }
 
 impl ReplayTools {
@@ -1143,30 +1204,65 @@ impl ReplayTools {
         baseline: &str,
     ) -> Self {
         let mut recorded = HashMap::new();
+        let mut repeats = HashMap::new();
+        let mut verdicts = HashMap::new();
         for ep in episodes {
             for r in &ep.events {
-                if let EpisodeEvent::ToolCalled {
-                    tool,
-                    args_hash,
-                    outcome,
-                    record,
-                    reconciled: false,
-                    ..
-                } = &r.event
-                {
-                    recorded
-                        .entry((tool.digest.clone(), args_hash.clone()))
-                        .or_insert((outcome.clone().into_result(), record.clone()));
+                match &r.event {
+                    EpisodeEvent::ToolCalled {
+                        tool,
+                        args_hash,
+                        outcome,
+                        record,
+                        reconciled: false,
+                        ..
+                    } => {
+                        let outcome = outcome.clone().into_result();
+                        if let (Ok(output), Some(key)) = (
+                            &outcome,
+                            RepeatKey::recorded(&tool.digest, args_hash, record, true),
+                        ) {
+                            repeats
+                                .entry(key)
+                                .or_insert_with(|| (output.clone(), record.clone()));
+                        }
+                        recorded
+                            .entry((tool.digest.clone(), args_hash.clone()))
+                            .or_insert((outcome, record.clone()));
+                    }
+                    EpisodeEvent::Verified { verdicts: vs, .. } => {
+                        for v in vs {
+                            let (
+                                poimen_executor::episode::VerdictOutcome::Verdict(verdict),
+                                Some(h),
+                            ) = (&v.outcome, v.record["args_hash"].as_str())
+                            else {
+                                continue;
+                            };
+                            if let Some(key) =
+                                RepeatKey::recorded(&v.verifier.digest, h, &v.record, false)
+                            {
+                                verdicts
+                                    .entry(key)
+                                    .or_insert_with(|| (verdict.clone(), v.record.clone()));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
         ReplayTools {
             live,
             recorded,
+            repeats,
+            verdicts,
             mode,
             baseline: baseline.to_owned(),
             replayed: AtomicU32::new(0),
             live_calls: AtomicU32::new(0),
+            reused: AtomicU32::new(0),
+            verdicts_reused: AtomicU32::new(0),
         }
     }
 
@@ -1175,12 +1271,9 @@ impl ReplayTools {
         &self,
         tool: &poimen_executor::ToolIdentity,
     ) -> Option<Vec<poimen_workflow::Capability>> {
-        let exact = poimen_workflow::ToolRef {
-            name: tool.name.clone(),
-            version: semver::VersionReq::parse(&format!("={}", tool.version)).ok()?,
-        };
         let info =
-            poimen_workflow::ToolRegistry::resolve_tool(&self.live.host.tools(), &exact).ok()?;
+            poimen_workflow::ToolRegistry::resolve_tool(&self.live.host.tools(), &exact(tool)?)
+                .ok()?;
         let reads = info.capabilities.iter().any(|c| {
             matches!(
                 c,
@@ -1192,12 +1285,40 @@ impl ReplayTools {
         reads.then_some(info.capabilities)
     }
 
+    /// The key of a call to `component` with arguments of `args_hash`, when
+    /// the call is repeatable on this host.
+    fn repeat_key(
+        &self,
+        kind: poimen_sandbox::PluginKind,
+        component: &poimen_executor::ToolIdentity,
+        args_hash: impl FnOnce() -> String,
+    ) -> Option<RepeatKey> {
+        if self.mode != ToolMode::Replay {
+            return None;
+        }
+        let now = self
+            .live
+            .host
+            .repeatable(kind, &exact(component)?, Some(&component.digest))?;
+        Some(RepeatKey::new(&now.digest, args_hash(), now.limits))
+    }
+
     fn answers(&self) -> ToolAnswers {
         ToolAnswers {
             replayed: self.replayed.load(Ordering::SeqCst),
             live: self.live_calls.load(Ordering::SeqCst),
+            reused: self.reused.load(Ordering::SeqCst),
+            verdicts_reused: self.verdicts_reused.load(Ordering::SeqCst),
         }
     }
+}
+
+/// The reference that resolves to exactly the pinned version of `tool`.
+fn exact(tool: &poimen_executor::ToolIdentity) -> Option<poimen_workflow::ToolRef> {
+    Some(poimen_workflow::ToolRef {
+        name: tool.name.clone(),
+        version: semver::VersionReq::parse(&format!("={}", tool.version)).ok()?,
+    })
 }
 
 #[async_trait]
@@ -1222,6 +1343,21 @@ impl poimen_executor::ToolHost for ReplayTools {
                 }
             }
             self.live_calls.fetch_add(1, Ordering::SeqCst);
+        } else if let Some(key) =
+            self.repeat_key(poimen_sandbox::PluginKind::Tool, &call.tool, || {
+                poimen_executor::hash::hash_json(&call.args)
+            })
+            && let Some((output, record)) = self.repeats.get(&key)
+        {
+            self.reused.fetch_add(1, Ordering::SeqCst);
+            return poimen_executor::ToolResult {
+                outcome: Ok(output.clone()),
+                record: serde_json::json!({
+                    "reused_from": self.baseline,
+                    "record": record,
+                }),
+                capabilities: Vec::new(),
+            };
         }
         self.live.invoke(call).await
     }
@@ -1231,6 +1367,25 @@ impl poimen_executor::ToolHost for ReplayTools {
     }
 
     async fn verify(&self, call: poimen_executor::VerifierCall) -> poimen_executor::VerifierResult {
+        if let Some(key) =
+            self.repeat_key(poimen_sandbox::PluginKind::Verifier, &call.verifier, || {
+                poimen_executor::hash::hash_json(&serde_json::json!({
+                    "config": call.config,
+                    "input": call.input,
+                    "output": call.output,
+                }))
+            })
+            && let Some((verdict, record)) = self.verdicts.get(&key)
+        {
+            self.verdicts_reused.fetch_add(1, Ordering::SeqCst);
+            return poimen_executor::VerifierResult {
+                outcome: Ok(verdict.clone()),
+                record: serde_json::json!({
+                    "reused_from": self.baseline,
+                    "record": record,
+                }),
+            };
+        }
         self.live.verify(call).await
     }
 }
@@ -1292,18 +1447,23 @@ pub fn render_text(r: &ShadowReport) -> String {
             run.not_replayable.join(", ")
         );
     }
-    let (replayed, live) = r
-        .runs
-        .iter()
-        .fold((0, 0), |(a, b), x| (a + x.tools.replayed, b + x.tools.live));
+    let sum = |f: fn(&ToolAnswers) -> u32| r.runs.iter().map(|x| f(&x.tools)).sum::<u32>();
+    let (replayed, live) = (sum(|t| t.replayed), sum(|t| t.live));
+    let mode = match r.tools {
+        ToolMode::Replay => "replay",
+        ToolMode::Live => "live",
+    };
     if replayed + live > 0 {
         let _ = writeln!(
             s,
-            "tools that read the world: {replayed} call(s) answered from the baseline, {live} live (--tools {})",
-            match r.tools {
-                ToolMode::Replay => "replay",
-                ToolMode::Live => "live",
-            }
+            "tools that read the world: {replayed} call(s) answered from the baseline, {live} live (--tools {mode})",
+        );
+    }
+    let (reused, verdicts) = (sum(|t| t.reused), sum(|t| t.verdicts_reused));
+    if reused + verdicts > 0 {
+        let _ = writeln!(
+            s,
+            "repeatable calls the baseline made identically: {reused} tool call(s) and {verdicts} verdict(s) taken from its record, not run again (--tools {mode})",
         );
     }
     for c in &a.criteria {
@@ -1500,4 +1660,69 @@ pub fn render_html(r: &ShadowReport) -> String {
     }
     h.push_str("</table></body></html>\n");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RepeatKey;
+    use serde_json::{Value, json};
+
+    fn record() -> Value {
+        json!({
+            "tool": {"name": "text", "version": "0.1.0", "digest": "b3:aa", "wit_package": "poimen:plugin@0.1.0"},
+            "capabilities": [],
+            "limits": {"timeout_ms": 30000, "memory_bytes": 1, "fuel": 2, "output_bytes": 3},
+            "baseline": {"wall_clock_reads": 0, "monotonic_clock_reads": 4, "random_words": 0, "stdout_bytes": 0, "stderr_bytes": 0},
+            "outcome": {"status": "ok", "output_hash": "b3:bb", "output_bytes": 2},
+        })
+    }
+
+    #[test]
+    fn a_recorded_call_is_repeatable_only_as_its_record_shows() {
+        let key = RepeatKey::recorded("b3:aa", "b3:args", &record(), true).expect("repeatable");
+        assert_eq!(key.args_hash, "b3:args");
+        // The timeout is not part of what the outcome depends on; the other
+        // limits are (defaults where the record predates them).
+        assert_eq!(key.limits.timeout, std::time::Duration::ZERO);
+        assert_eq!((key.limits.memory_bytes, key.limits.fuel), (1, Some(2)));
+        let mut other = record();
+        other["limits"]["timeout_ms"] = json!(5);
+        assert_eq!(
+            RepeatKey::recorded("b3:aa", "b3:args", &other, true),
+            Some(key.clone())
+        );
+        other["limits"]["fuel"] = json!(3);
+        assert_ne!(
+            RepeatKey::recorded("b3:aa", "b3:args", &other, true),
+            Some(key)
+        );
+
+        let refused = |edit: fn(&mut Value), tool: bool| {
+            let mut r = record();
+            edit(&mut r);
+            RepeatKey::recorded("b3:aa", "b3:args", &r, tool).is_none()
+        };
+        // Another component ran.
+        assert!(refused(|r| r["tool"]["digest"] = json!("b3:cc"), true));
+        // It was granted something: what it read may have changed.
+        assert!(refused(
+            |r| r["capabilities"] = json!([{"capability": "http"}]),
+            true
+        ));
+        assert!(refused(|r| r["capabilities"] = Value::Null, true));
+        // It failed (a failure may be the world's, e.g. a timeout).
+        assert!(refused(
+            |r| r["outcome"] = json!({"status": "error", "kind": "timeout", "message": ""}),
+            true
+        ));
+        // A tool drew random words, seeded by its run's idempotency key; a
+        // verifier's seed is its arguments, so its draws repeat.
+        assert!(refused(|r| r["baseline"]["random_words"] = json!(2), true));
+        assert!(!refused(
+            |r| r["baseline"]["random_words"] = json!(2),
+            false
+        ));
+        // Limits it cannot be sure of.
+        assert!(refused(|r| r["limits"] = json!("?"), true));
+    }
 }

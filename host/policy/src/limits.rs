@@ -57,7 +57,7 @@ pub const DEFAULT_DISK_BYTES: u64 = 256 << 20;
 pub const DEFAULT_HANDLES: u32 = 4096;
 
 /// The limits one invocation runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CallLimits {
     /// Wall-clock time, in milliseconds when serialized.
     #[serde(rename = "timeout_ms", with = "millis")]

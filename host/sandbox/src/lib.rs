@@ -49,7 +49,7 @@ pub use engine::CacheOutcome;
 pub use engine::default_engine;
 pub use error::{BuildError, GuestLanguage, InvokeError, LoadError, ToolError};
 pub use host::{
-    AllocatorKind, GuestVerdict, Inspection, Invocation, PluginHost, PluginHostBuilder,
+    AllocatorKind, GuestVerdict, Inspection, Invocation, PluginHost, PluginHostBuilder, Repeatable,
     ToolRequest, VerifierInvocation, VerifierRequest, inspect,
 };
 pub use host::{Tools, Verifiers};

@@ -1410,7 +1410,8 @@ pub struct StartShadow {
     /// Where model steps get their answers (default `replay`).
     #[serde(default)]
     pub models: Option<ShadowModels>,
-    /// How tools that read the world answer (default `replay`).
+    /// How tools that read the world, and repeatable calls the baseline made,
+    /// answer (default `replay`).
     #[serde(default)]
     pub tools: Option<ShadowTools>,
     /// Shadow runs at once (1 to 16; default the host's cores).

@@ -13,6 +13,15 @@ use crate::imports::Import;
 use crate::record::HostcallRecord;
 use crate::registry::PluginKind;
 
+/// What a repeatable call runs under ([`PluginHost::repeatable`](crate::PluginHost::repeatable)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repeatable {
+    /// The digest of the component that would run, `b3:`-prefixed.
+    pub digest: String,
+    /// Its limits before any caller's tighter timeout.
+    pub limits: crate::limits::CallLimits,
+}
+
 /// A tool invocation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolRequest {

@@ -10,7 +10,9 @@ use poimen_workflow::ToolRef;
 use serde_json::Value;
 
 use super::PluginHost;
-use super::call::{GuestVerdict, Invocation, ToolRequest, VerifierInvocation, VerifierRequest};
+use super::call::{
+    GuestVerdict, Invocation, Repeatable, ToolRequest, VerifierInvocation, VerifierRequest,
+};
 use super::guest::{GuestCall, Returned, tool_error};
 use crate::error::InvokeError;
 use crate::limits::{CallLimits, Resource};
@@ -165,6 +167,32 @@ impl PluginHost {
                         )
                     })
             })
+    }
+
+    /// What a call to the component `r` (of `digest`, when given) would run
+    /// under, when its outcome is a function of its component, arguments,
+    /// limits and random seed alone: the component resolves, policy grants
+    /// it nothing (no mount, no network — the guest sees only the frozen
+    /// clocks, the seeded random source and captured stdio), and a tool
+    /// declares itself pure. A caller may then answer a call from an
+    /// identical earlier one (same digest, same canonical arguments, same
+    /// limits but for the timeout) instead of making it; for a tool, only
+    /// when the earlier call drew nothing from its random source, whose seed
+    /// is the call's idempotency key (a verifier's seed is its arguments).
+    /// `None` when any of that does not hold.
+    pub fn repeatable(
+        &self,
+        kind: PluginKind,
+        r: &ToolRef,
+        digest: Option<&str>,
+    ) -> Option<Repeatable> {
+        let entry = self.resolve(kind, r, digest).ok()?;
+        let pure =
+            kind == PluginKind::Verifier || entry.info.effect == poimen_workflow::EffectClass::Pure;
+        (pure && entry.grants.is_empty()).then(|| Repeatable {
+            digest: entry.identity.digest.clone(),
+            limits: entry.limits,
+        })
     }
 
     pub(super) fn record(

@@ -26,7 +26,8 @@ use wasmtime::component::Linker;
 
 pub use builder::PluginHostBuilder;
 pub use call::{
-    GuestVerdict, Inspection, Invocation, ToolRequest, VerifierInvocation, VerifierRequest,
+    GuestVerdict, Inspection, Invocation, Repeatable, ToolRequest, VerifierInvocation,
+    VerifierRequest,
 };
 pub use load::inspect;
 

@@ -666,7 +666,7 @@ async fn a_host_without_fuel_records_none() {
 }
 
 #[tokio::test]
-async fn a_call_is_effect_free_only_for_a_pure_component_granted_no_way_out() {
+async fn a_call_is_effect_free_or_repeatable_only_for_a_pure_component_granted_no_way_out() {
     // What the executor asks before it skips the write-ahead intent of a
     // call: pure, and nothing granted that an effect could go through.
     let data = tempfile::tempdir().expect("data");
@@ -681,6 +681,7 @@ async fn a_call_is_effect_free_only_for_a_pure_component_granted_no_way_out() {
         .withhold_ungranted(true)
         .component_bytes("t:json", bytes(plugin_artifacts::JSON))
         .component_bytes("t:text", bytes(plugin_artifacts::TEXT))
+        .component_bytes("t:json-schema", bytes(plugin_artifacts::JSON_SCHEMA))
         .component_bytes("t:fs-read", bytes(plugin_artifacts::FS_READ))
         .component_bytes("t:http-get", bytes(plugin_artifacts::HTTP_GET))
         .component_bytes(
@@ -710,4 +711,55 @@ async fn a_call_is_effect_free_only_for_a_pure_component_granted_no_way_out() {
     // Another component's digest, or a name not loaded: not known to be free.
     assert!(!free("json", plugin_artifacts::TEXT));
     assert!(!host.effect_free(&tool("nope@^0.1"), &b3(&bytes(plugin_artifacts::JSON))));
+
+    // Repeatable — the outcome a function of component, arguments, limits
+    // and seed, so an identical recorded call may stand in for it (shadow
+    // evaluation): pure and granted nothing at all. A read-only mount reads
+    // a world that may have changed since.
+    let repeatable = |kind: PluginKind, name: &str, path: &str| {
+        host.repeatable(
+            kind,
+            &tool(&format!("{name}@^0.1")),
+            Some(&b3(&bytes(path))),
+        )
+    };
+    let json = repeatable(PluginKind::Tool, "json", plugin_artifacts::JSON).expect("json");
+    assert_eq!(json.digest, b3(&bytes(plugin_artifacts::JSON)));
+    // The limits a call runs under, as its record says.
+    let inv = host
+        .invoke_tool(ToolRequest::new(
+            tool("json@^0.1"),
+            json!({"value": {"a": 1}, "select": "/a"}),
+            "k",
+        ))
+        .await;
+    assert_eq!(inv.outcome, Ok(json!(1)));
+    assert_eq!(inv.record.limits, json.limits);
+    assert!(repeatable(PluginKind::Tool, "text", plugin_artifacts::TEXT).is_some());
+    assert!(repeatable(PluginKind::Tool, "fs-read", plugin_artifacts::FS_READ).is_none());
+    assert!(repeatable(PluginKind::Tool, "http-get", plugin_artifacts::HTTP_GET).is_none());
+    assert!(
+        repeatable(
+            PluginKind::Tool,
+            "ledger-idempotent",
+            plugin_artifacts::LEDGER_IDEMPOTENT
+        )
+        .is_none()
+    );
+    assert!(repeatable(PluginKind::Tool, "json", plugin_artifacts::TEXT).is_none());
+    // Unpinned, the component the reference resolves to; a verifier granted
+    // nothing is repeatable, and a tool's name is not a verifier's.
+    assert_eq!(
+        host.repeatable(PluginKind::Tool, &tool("text@^0.1"), None)
+            .map(|r| r.digest),
+        Some(b3(&bytes(plugin_artifacts::TEXT)))
+    );
+    let schema = repeatable(
+        PluginKind::Verifier,
+        "json-schema",
+        plugin_artifacts::JSON_SCHEMA,
+    )
+    .expect("json-schema");
+    assert_eq!(schema.digest, b3(&bytes(plugin_artifacts::JSON_SCHEMA)));
+    assert!(repeatable(PluginKind::Verifier, "json", plugin_artifacts::JSON).is_none());
 }
