@@ -31,7 +31,11 @@ fn main() -> ExitCode {
     };
     // `serve` logs at `info`; other verbs only when POIMEN_LOG asks.
     let log_default = matches!(args.command, cli::args::Command::Serve { .. }).then_some("info");
-    let telemetry = match telemetry::init(log_default, args.global.otlp_endpoint.as_deref()) {
+    let telemetry = match telemetry::init(
+        log_default,
+        args.global.otlp_endpoint.as_deref(),
+        runtime.handle().clone(),
+    ) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
@@ -40,12 +44,16 @@ fn main() -> ExitCode {
     };
     let code = match runtime.block_on(cli::commands::run(args)) {
         Ok(code) => ExitCode::from(code),
+        // The reader closed stdout (`| head`): what it did not read is not
+        // an error of ours.
+        Err(e) if cli::is_broken_pipe(&e) => ExitCode::from(cli::exit::OK),
         Err(e) => {
             cli::report(&e);
             ExitCode::from(cli::exit_code(&e))
         }
     };
-    drop(runtime);
+    // The exporter's last requests run on the runtime: flush, then drop it.
     telemetry.shutdown();
+    drop(runtime);
     code
 }

@@ -1,7 +1,7 @@
 //! The verbs: each reads its arguments, calls `poimen::Host`, and prints text
 //! or (`--json`) JSON. Progress goes to stderr and only on a terminal.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
     let g = &cli.global;
     match cli.command {
         Command::Schema => {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&poimen::workflow::json_schema())?
             );
@@ -34,7 +34,9 @@ pub async fn run(cli: Cli) -> Result<u8> {
                 Shell::Elvish => clap_complete::Shell::Elvish,
                 Shell::Powershell => clap_complete::Shell::PowerShell,
             };
-            clap_complete::generate(shell, &mut cmd, "poimen", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "poimen", &mut script);
+            super::emit_bytes(&script);
             Ok(exit::OK)
         }
         Command::Version { files } => version(g, &files),
@@ -262,9 +264,7 @@ fn json_arg(text: &str, what: &str) -> Result<Value> {
 }
 
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v)?;
-    writeln!(out)?;
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -275,7 +275,7 @@ fn version(g: &Global, files: &[PathBuf]) -> Result<u8> {
         match poimen::load_file(f) {
             Ok(l) => {
                 if !g.json {
-                    println!("{}  {}", l.version, f.display());
+                    outln!("{}  {}", l.version, f.display());
                 }
                 rows.push(json!({"file": f, "workflow": l.def.id, "version": l.version}));
             }
@@ -315,12 +315,12 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 } else {
                     "already published (nothing written)"
                 };
-                println!("{}  {} {what}", p.version, p.workflow);
+                outln!("{}  {} {what}", p.version, p.workflow);
                 if let Some(parent) = p.parent {
-                    println!("  parent {parent}");
+                    outln!("  parent {parent}");
                 }
                 if let Some(ignored) = p.ignored_parent {
-                    println!(
+                    outln!(
                         "  note: the stored record keeps its parent; --parent {ignored} was not recorded"
                     );
                 }
@@ -346,9 +346,14 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 print_json(&r)?;
             } else {
                 let verb = if r.dry_run { "would free" } else { "freed" };
-                println!(
+                outln!(
                     "{verb} {} runs: {} events, {} intent records, {} judgments, {} blobs ({} bytes)",
-                    r.runs, r.events, r.intents, r.judgments, r.blobs, r.blob_bytes
+                    r.runs,
+                    r.events,
+                    r.intents,
+                    r.judgments,
+                    r.blobs,
+                    r.blob_bytes
                 );
             }
             Ok(exit::OK)
@@ -373,8 +378,8 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                                 ""
                             };
                             match r.parent {
-                                Some(p) => println!("{}  <- {}{mark}", r.version, p.short(12)),
-                                None => println!("{}  (root){mark}", r.version),
+                                Some(p) => outln!("{}  <- {}{mark}", r.version, p.short(12)),
+                                None => outln!("{}  (root){mark}", r.version),
                             }
                         }
                     }
@@ -384,10 +389,10 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                     if g.json {
                         print_json(&list)?;
                     } else if list.is_empty() {
-                        println!("no published workflows; `poimen publish FILE` publishes one");
+                        outln!("no published workflows; `poimen publish FILE` publishes one");
                     } else {
                         for w in &list {
-                            println!(
+                            outln!(
                                 "{:<32} {} version(s), latest {}",
                                 w.workflow_id,
                                 w.versions,
@@ -407,8 +412,8 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                     &json!({"version": record.version, "parent": record.parent, "workflow": record.workflow_id, "created_at": record.created_at, "canonical": v}),
                 )?;
             } else {
-                std::io::stdout().write_all(&record.canonical)?;
-                println!();
+                super::emit_bytes(&record.canonical);
+                outln!();
             }
             Ok(exit::OK)
         }
@@ -419,15 +424,15 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&changes)?;
             } else if changes.is_empty() {
-                println!("no changes: both are {}", poimen::workflow::version_of(&a));
+                outln!("no changes: both are {}", poimen::workflow::version_of(&a));
             } else {
-                println!(
+                outln!(
                     "{} -> {}",
                     poimen::workflow::version_of(&a).short(12),
                     poimen::workflow::version_of(&b).short(12)
                 );
                 for c in &changes {
-                    println!("  - {c}");
+                    outln!("  - {c}");
                 }
             }
             Ok(exit::OK)
@@ -497,7 +502,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&json!({"run": run, "status": "queued"}))?;
             } else {
-                println!("{run}");
+                outln!("{run}");
             }
             Ok(exit::OK)
         }
@@ -522,7 +527,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 print_json(&episode)?;
             } else {
                 for r in &episode.events {
-                    println!("{:>4}  {}", r.seq, describe_event(&r.event));
+                    outln!("{:>4}  {}", r.seq, describe_event(&r.event));
                 }
             }
             Ok(exit::OK)
@@ -532,10 +537,10 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&audit)?;
             } else {
-                println!("run {} ({})", audit.run.id, audit.run.status);
-                println!("intents:");
+                outln!("run {} ({})", audit.run.id, audit.run.status);
+                outln!("intents:");
                 for i in &audit.intents {
-                    println!(
+                    outln!(
                         "  {} #{} attempt {}  {:<10} {}@{} {}  key {}",
                         i.step,
                         i.iteration,
@@ -547,7 +552,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                         i.idempotency_key
                     );
                 }
-                println!("tool calls:");
+                outln!("tool calls:");
                 for c in &audit.tool_calls {
                     let outcome = match &c.outcome {
                         poimen::CallOutcome::Ok { .. } => "ok",
@@ -557,7 +562,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                         poimen::CallRecord::Hostcall(r) => r.host_calls.len().to_string(),
                         poimen::CallRecord::Other(_) => "none (reconciled)".to_owned(),
                     };
-                    println!(
+                    outln!(
                         "  {} attempt {}: {} {} → {outcome}  host calls: {host_calls}",
                         c.step,
                         c.attempt,
@@ -566,11 +571,11 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                     );
                 }
                 if audit.incomplete.is_empty() {
-                    println!("every tool call has its Pending/Dispatched/final intent records");
+                    outln!("every tool call has its Pending/Dispatched/final intent records");
                 } else {
-                    println!("incomplete intent records:");
+                    outln!("incomplete intent records:");
                     for i in &audit.incomplete {
-                        println!("  {i}");
+                        outln!("  {i}");
                     }
                 }
             }
@@ -585,7 +590,7 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
             if g.json {
                 print_json(&rec)?;
             } else {
-                println!("{} {}", rec.id, rec.status);
+                outln!("{} {}", rec.id, rec.status);
             }
             Ok(exit::OK)
         }
@@ -622,10 +627,10 @@ async fn dispatch(g: &Global, host: &Host, command: Command) -> Result<u8> {
                 let rows: Vec<Value> = outs.iter().map(outcome_json).collect();
                 print_json(&rows)?;
             } else if outs.is_empty() {
-                println!("no runs were left in flight");
+                outln!("no runs were left in flight");
             } else {
                 for o in &outs {
-                    println!("{} {}", o.run, o.status);
+                    outln!("{} {}", o.run, o.status);
                 }
             }
             Ok(exit::OK)
@@ -672,7 +677,7 @@ async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> R
                         }
                     }
                 } else if !g.json {
-                    println!(
+                    outln!(
                         "{}: ok ({}){}",
                         f.display(),
                         loaded.version.short(12),
@@ -716,7 +721,7 @@ async fn validate(g: &Global, host: &Host, files: &[PathBuf], shadow: bool) -> R
 }
 
 fn print_plan(plan: &poimen::Plan) {
-    println!("{} {}", plan.workflow, plan.version);
+    outln!("{} {}", plan.workflow, plan.version);
     for s in &plan.steps {
         let indent = if s.owner.is_some() { "    " } else { "  " };
         let mut line = format!("{indent}{} ({})", s.id, s.kind);
@@ -749,17 +754,17 @@ fn print_plan(plan: &poimen::Plan) {
         if s.max_attempts > 1 {
             line.push_str(&format!(" retry ×{}", s.max_attempts));
         }
-        println!("{line}");
+        outln!("{line}");
     }
     for (from, to, n) in &plan.loops {
-        println!("  loop {from} -> {to} at most {n} time(s)");
+        outln!("  loop {from} -> {to} at most {n} time(s)");
     }
     if plan.eligibility.is_eligible() {
-        println!("shadow evaluation: eligible");
+        outln!("shadow evaluation: eligible");
     } else {
-        println!("shadow evaluation: not eligible");
+        outln!("shadow evaluation: not eligible");
         for s in &plan.eligibility.ineligible {
-            println!("  - {}", serde_json::to_string(s).unwrap_or_default());
+            outln!("  - {}", serde_json::to_string(s).unwrap_or_default());
         }
     }
 }
@@ -816,7 +821,7 @@ fn finish(g: &Global, out: &RunOutcome) -> Result<u8> {
             ),
         }
         if let Some(o) = &out.output {
-            println!("{}", serde_json::to_string_pretty(o)?);
+            outln!("{}", serde_json::to_string_pretty(o)?);
         }
     }
     Ok(code_of(out.status))
@@ -839,7 +844,7 @@ async fn run_verb(
     let live = !g.json && std::io::stderr().is_terminal();
     if !g.json {
         // Machines get one document at the end.
-        println!("{}", handle.id());
+        outln!("{}", handle.id());
     }
     let out = if live {
         let pb = indicatif::ProgressBar::new_spinner();
@@ -1011,7 +1016,7 @@ async fn status(
             if g.json {
                 print_json(&json!({"run": rec, "state": state}))?;
             } else {
-                println!(
+                outln!(
                     "{}  {}  {} {}",
                     rec.id,
                     rec.status,
@@ -1019,16 +1024,18 @@ async fn status(
                     rec.version.short(12)
                 );
                 if let Some(r) = &rec.reason {
-                    println!("  {r}");
+                    outln!("  {r}");
                 }
                 for (id, s) in &state.steps {
-                    println!(
+                    outln!(
                         "  {id:<24} {:?} (iteration {}, attempt {})",
-                        s.status, s.iteration, s.attempt
+                        s.status,
+                        s.iteration,
+                        s.attempt
                     );
                 }
                 if let Some(o) = &state.output {
-                    println!("output: {}", serde_json::to_string(o)?);
+                    outln!("output: {}", serde_json::to_string(o)?);
                 }
             }
             Ok(exit::OK)
@@ -1038,10 +1045,10 @@ async fn status(
             if g.json {
                 print_json(&runs)?;
             } else if runs.is_empty() {
-                println!("no runs yet; `poimen run FILE` starts one");
+                outln!("no runs yet; `poimen run FILE` starts one");
             } else {
                 for r in &runs {
-                    println!("{}  {:<16} {}", r.id, r.status.as_str(), r.workflow_id);
+                    outln!("{}  {:<16} {}", r.id, r.status.as_str(), r.workflow_id);
                 }
             }
             Ok(exit::OK)
@@ -1213,10 +1220,10 @@ async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {
             if g.json {
                 print_json(&list)?;
             } else if list.is_empty() {
-                println!("no open judgment requests");
+                outln!("no open judgment requests");
             } else {
                 for j in &list {
-                    println!(
+                    outln!(
                         "{}  run {} step {}  {}",
                         j.id,
                         j.run,
@@ -1232,11 +1239,11 @@ async fn judgment(g: &Global, host: &Host, cmd: JudgmentCmd) -> Result<u8> {
             if g.json {
                 print_json(&j)?;
             } else {
-                println!("{} ({:?})  run {} step {}", j.id, j.status, j.run, j.step);
-                println!("request hash: {}", j.request_hash);
-                println!("{}", serde_json::to_string_pretty(&j.request)?);
+                outln!("{} ({:?})  run {} step {}", j.id, j.status, j.run, j.step);
+                outln!("request hash: {}", j.request_hash);
+                outln!("{}", serde_json::to_string_pretty(&j.request)?);
                 if let Some(r) = &j.result {
-                    println!("result: {}", serde_json::to_string(r)?);
+                    outln!("result: {}", serde_json::to_string(r)?);
                 }
             }
             Ok(exit::OK)
@@ -1299,11 +1306,11 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
             } else {
                 for r in &rows {
                     if let Some(why) = r["refused"].as_str() {
-                        println!("{:<10} {}", "refused", r["origin"].as_str().unwrap_or(""));
-                        println!("{:<10} {why}", "");
+                        outln!("{:<10} {}", "refused", r["origin"].as_str().unwrap_or(""));
+                        outln!("{:<10} {why}", "");
                         continue;
                     }
-                    println!(
+                    outln!(
                         "{:<10} {:<20} {:<8} {:<15} {:<15} {}",
                         r["kind"].as_str().unwrap_or(""),
                         r["name"].as_str().unwrap_or(""),
@@ -1313,7 +1320,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                         r["origin"].as_str().unwrap_or("")
                     );
                     if let Some(why) = r["withheld"].as_str() {
-                        println!("{:<10} withheld: {why}", "");
+                        outln!("{:<10} withheld: {why}", "");
                     }
                 }
             }
@@ -1335,8 +1342,8 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                             "problems": [problem],
                         }))?;
                     } else {
-                        println!("{}", file.display());
-                        println!("  problem: {problem}");
+                        outln!("{}", file.display());
+                        outln!("  problem: {problem}");
                     }
                     return Ok(exit::INVALID);
                 }
@@ -1345,13 +1352,16 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
             if g.json {
                 print_json(&i)?;
             } else {
-                println!(
+                outln!(
                     "{} {} ({:?}, {})",
-                    i.info.name, i.info.version, i.kind, i.info.effect
+                    i.info.name,
+                    i.info.version,
+                    i.kind,
+                    i.info.effect
                 );
-                println!("  {}", i.info.description);
-                println!("  digest {}", i.info.digest);
-                println!(
+                outln!("  {}", i.info.description);
+                outln!("  digest {}", i.info.digest);
+                outln!(
                     "  declared capabilities: {}",
                     if i.info.capabilities.is_empty() {
                         "none".into()
@@ -1359,18 +1369,18 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                         caps(&i.info.capabilities)
                     }
                 );
-                println!("  imports:");
+                outln!("  imports:");
                 for imp in &i.imports {
-                    println!("    {} ({}: {})", imp.name, imp.class, imp.linked);
+                    outln!("    {} ({}: {})", imp.name, imp.class, imp.linked);
                 }
                 if i.imports.iter().any(|imp| imp.linked == Linked::Denied) {
-                    println!(
+                    outln!(
                         "  linked, denied: imports it does not declare a capability for are linked with nothing granted; every use is refused and recorded"
                     );
                 }
                 match &i.eligibility {
-                    Ok(()) => println!("  shadow evaluation: eligible"),
-                    Err(why) => println!(
+                    Ok(()) => outln!("  shadow evaluation: eligible"),
+                    Err(why) => outln!(
                         "  shadow evaluation: not eligible: {}",
                         why.iter()
                             .map(|w| w.to_string())
@@ -1447,7 +1457,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                     &json!({"name": i.info.name, "version": i.info.version.to_string(), "digest": i.info.digest, "path": dest}),
                 )?;
             } else {
-                println!(
+                outln!(
                     "{} {} added as {}",
                     i.info.name,
                     i.info.version,
@@ -1502,7 +1512,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                 print_json(&removed)?;
             } else {
                 for r in &removed {
-                    println!(
+                    outln!(
                         "{} {} removed ({})",
                         name,
                         r["version"].as_str().unwrap_or(""),
@@ -1521,7 +1531,7 @@ async fn plugin(g: &Global, host: &Host, cmd: PluginCmd) -> Result<u8> {
                     if g.json {
                         print_json(&json!({"output": output, "record": inv.record}))?;
                     } else {
-                        println!("{}", serde_json::to_string_pretty(&output)?);
+                        outln!("{}", serde_json::to_string_pretty(&output)?);
                     }
                     Ok(exit::OK)
                 }
@@ -1601,9 +1611,9 @@ async fn shadow_verb(
     if g.json {
         print_json(&report)?;
     } else {
-        print!("{}", poimen::shadow::render_text(&report));
+        out!("{}", poimen::shadow::render_text(&report));
         if let Some(path) = &html {
-            println!("HTML report: {}", path.display());
+            outln!("HTML report: {}", path.display());
         }
     }
     Ok(exit::OK)
@@ -1640,13 +1650,13 @@ fn print_armed(g: &Global, armed: &poimen::Armed) -> anyhow::Result<()> {
         return print_json(armed);
     }
     match &armed.version {
-        Some(v) => println!("{v}  {} armed", armed.workflow),
-        None => println!("{} disarmed: no new run of it starts", armed.workflow),
+        Some(v) => outln!("{v}  {} armed", armed.workflow),
+        None => outln!("{} disarmed: no new run of it starts", armed.workflow),
     }
     if let Some(p) = armed.previous.as_ref().and_then(|p| p.version)
         && Some(p) != armed.version
     {
-        println!("  was {p}");
+        outln!("  was {p}");
     }
     for r in &armed.retired {
         let what = match r.action {
@@ -1662,7 +1672,7 @@ fn print_armed(g: &Global, armed: &poimen::Armed) -> anyhow::Result<()> {
             }
             poimen::Retirement::Detached => "detached (runs on, pinned)".to_owned(),
         };
-        println!("  run {} on {}: {what}", r.run, r.version.short(12));
+        outln!("  run {} on {}: {what}", r.run, r.version.short(12));
     }
     Ok(())
 }

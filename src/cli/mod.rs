@@ -1,9 +1,68 @@
 //! The CLI's shared parts: exit codes, the error report, output helpers.
 
+/// `println!` for the CLI's output: a closed stdout (`poimen … | head -1`)
+/// ends the output, not the command — the run it reports on still completes
+/// and the exit code still says how it ended.
+macro_rules! outln {
+    () => {
+        $crate::cli::emit(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::emit(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for the CLI's output (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::emit(format_args!($($arg)*))
+    };
+}
+
 pub mod args;
 pub mod commands;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once stdout refused a write: everything after it is dropped.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Writes to stdout, unless it is gone. The first failed write ends all
+/// output; a closed pipe is the reader's choice and says nothing, any other
+/// failure (a full disk behind a redirect) gets one warning on stderr.
+pub fn emit(args: std::fmt::Arguments<'_>) {
+    write_stdout(|out| out.write_fmt(args));
+}
+
+/// [`emit`] for bytes.
+pub fn emit_bytes(bytes: &[u8]) {
+    write_stdout(|out| out.write_all(bytes));
+}
+
+fn write_stdout(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = write(&mut out).and_then(|()| out.flush()) {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: cannot write to stdout ({e}); the rest of the output is dropped"
+            );
+        }
+    }
+}
+
+/// Whether an error is stdout closing under us (nothing to report).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
 
 /// Documented, stable exit codes (see `poimen --help`).
 pub mod exit {

@@ -1091,3 +1091,54 @@ fn a_component_a_run_pinned_and_the_host_lost_fails_only_the_step_that_reaches_i
         "{st}"
     );
 }
+
+/// `poimen … | head -1`: a reader that closes stdout early ends the output,
+/// not the command. No panic, no error line; a run still completes in the
+/// store, and the exit code is the one the command would have had.
+#[test]
+fn a_closed_stdout_ends_the_output_not_the_command() {
+    let env = Env::new();
+    let closed = |args: &[&str]| {
+        let mut child = env
+            .std_cmd()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn poimen");
+        // Close the read end before the child writes a byte.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "poimen {args:?}: {stderr}");
+        (out.status.code(), stderr)
+    };
+    let quiet = |args: &[&str]| {
+        let (code, stderr) = closed(args);
+        assert!(!stderr.contains("error"), "poimen {args:?}: {stderr}");
+        code
+    };
+    let file = fixture(TEXT_REPORT);
+    let file = file.to_str().expect("utf8");
+    let input = input();
+    assert_eq!(quiet(&["run", file, "--input", &input]), Some(0));
+    assert_eq!(quiet(&["--json", "status"]), Some(0));
+    assert_eq!(quiet(&["status"]), Some(0));
+    assert_eq!(quiet(&["schema"]), Some(0));
+    assert_eq!(quiet(&["completions", "bash"]), Some(0));
+    // A failing run keeps its exit code.
+    assert_eq!(
+        closed(&["run", file, "--input", r#"{"text": 7}"#]).0,
+        env.cmd()
+            .args(["run", file, "--input", r#"{"text": 7}"#])
+            .output()
+            .expect("run")
+            .status
+            .code()
+    );
+    // The run the closed pipe reported on completed, and is stored.
+    let (code, runs) = env.json(&["status"]);
+    assert_eq!(code, 0);
+    let runs = runs.as_array().expect("a list of runs");
+    assert!(runs.iter().any(|r| r["status"] == "completed"), "{runs:?}");
+}
