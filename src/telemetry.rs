@@ -14,7 +14,7 @@ use std::io::IsTerminal;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Instrument;
@@ -30,7 +30,8 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Sends what is still batched and stops the exporter. Call it outside
-    /// the async runtime (the exporter's client blocks).
+    /// the async runtime and before it is dropped: the exporter's requests
+    /// run on it.
     pub fn shutdown(mut self) {
         if let Some(p) = self.provider.take()
             && let Err(e) = p.shutdown()
@@ -43,7 +44,37 @@ impl Telemetry {
 /// Installs the process's subscriber. Logs go to stderr at `log_default`
 /// unless `POIMEN_LOG` says otherwise (`None`: only when it is set); with
 /// `otlp`, spans are exported too.
-pub fn init(log_default: Option<&str>, otlp: Option<&str>) -> Result<Telemetry, String> {
+/// Spans are exported from the SDK's own batch thread, which has no async
+/// runtime; each export's request is spawned on the host's runtime, so
+/// OTLP needs no HTTP client beyond the hyper one the host already has.
+#[derive(Debug)]
+struct OnRuntime {
+    client: opentelemetry_http::hyper::HyperClient,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for OnRuntime {
+    async fn send_bytes(
+        &self,
+        request: http::Request<bytes::Bytes>,
+    ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        let client = self.client.clone();
+        self.runtime
+            .spawn(async move { client.send_bytes(request).await })
+            .await
+            .map_err(|e| format!("the OTLP export task stopped: {e}"))?
+    }
+}
+
+/// How long one OTLP export may take before it is abandoned.
+const EXPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub fn init(
+    log_default: Option<&str>,
+    otlp: Option<&str>,
+    runtime: tokio::runtime::Handle,
+) -> Result<Telemetry, String> {
     let env = std::env::var("POIMEN_LOG").ok();
     let logs = match (env.as_deref(), log_default) {
         (Some(_), _) => Some(
@@ -66,6 +97,14 @@ pub fn init(log_default: Option<&str>, otlp: Option<&str>) -> Result<Telemetry, 
             let endpoint = format!("{}/v1/traces", base.trim_end_matches('/'));
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_http_client(OnRuntime {
+                    client: opentelemetry_http::hyper::HyperClient::with_default_connector(
+                        EXPORT_TIMEOUT,
+                        None,
+                    ),
+                    runtime,
+                })
+                .with_timeout(EXPORT_TIMEOUT)
                 .with_endpoint(endpoint.clone())
                 .build()
                 .map_err(|e| format!("--otlp-endpoint {base}: cannot export to {endpoint}: {e}"))?;

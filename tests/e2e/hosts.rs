@@ -6,10 +6,10 @@
 //! dispatched by a host that died — each committed effect must be in the
 //! ledger exactly once, every episode must refold, and no run may be lost.
 //!
-//! The PostgreSQL tests need a server: `POIMEN_TEST_PG` (default
-//! `postgres://postgres@127.0.0.1:5432/test`, trust auth). Each test creates
-//! a database of its own and drops it. Without a server they fail, saying
-//! how to start one.
+//! The PostgreSQL tests run on a throwaway server this test binary starts
+//! (`poimen-test-pg`), or on the one `POIMEN_TEST_PG` names. Each test
+//! creates a database of its own and drops it. Without the server binaries
+//! they fail, naming the package to install.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -82,14 +82,11 @@ steps:
 
 /// The server the tests use.
 fn pg_base() -> String {
-    std::env::var("POIMEN_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    poimen_test_pg::url()
 }
 
 fn with_dbname(url: &str, name: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
-    let authority = rest.split('/').next().unwrap_or(rest);
-    format!("{scheme}://{authority}/{name}")
+    poimen_test_pg::with_dbname(url, name)
 }
 
 async fn pg_connect(url: &str) -> tokio_postgres::Client {
@@ -101,9 +98,8 @@ async fn pg_connect(url: &str) -> tokio_postgres::Client {
             client
         }
         Err(e) => panic!(
-            "PostgreSQL is not reachable at {} ({e}). These tests need a server with trust \
-             auth for user postgres and a database `test`: start one with `service postgresql \
-             start` (or `pg_ctlcluster 15 main start`), or point POIMEN_TEST_PG at one",
+            "PostgreSQL is not reachable at {} ({e}): the tests start a throwaway server of \
+             their own unless POIMEN_TEST_PG names one",
             poimen::store::redact_url(url)
         ),
     }
@@ -883,153 +879,10 @@ async fn a_cancel_from_another_process_stops_the_host_driving_the_run() {
 
 // ------------------------------------------------- a server of the test's own
 
-/// A PostgreSQL server of this test's own — `initdb` in a temporary
-/// directory, on a free port, run as the `postgres` user when the test runs
-/// as root — so the test can stop and start it without touching the server
-/// the other tests share. Stopped when dropped.
-struct PrivatePg {
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-    _tmp: tempfile::TempDir,
-}
-
-impl PrivatePg {
-    /// The server binaries: `POIMEN_TEST_PG_BIN`, or the newest
-    /// `/usr/lib/postgresql/*/bin` (Debian's layout).
-    fn bin() -> PathBuf {
-        if let Ok(dir) = std::env::var("POIMEN_TEST_PG_BIN") {
-            return PathBuf::from(dir);
-        }
-        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin"))
-            .filter(|b| b.join("initdb").exists())
-            .collect();
-        found.sort_by_key(|p| {
-            p.parent()
-                .and_then(|v| v.file_name())
-                .and_then(|v| v.to_str())
-                .and_then(|v| v.parse::<u32>().ok())
-                .unwrap_or(0)
-        });
-        found.pop().unwrap_or_else(|| {
-            panic!(
-                "this test runs a PostgreSQL server of its own and needs its binaries \
-                 (initdb, pg_ctl): install the `postgresql` package (.ci/run does) or point \
-                 POIMEN_TEST_PG_BIN at their directory"
-            )
-        })
-    }
-
-    /// Runs a server binary, as `postgres` when this process is root
-    /// (`initdb` refuses root).
-    fn run(&self, tool: &str, args: &[&str]) {
-        let exe = self.bin.join(tool);
-        let root = std::process::Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let mut cmd = if root {
-            let mut c = std::process::Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&exe);
-            c
-        } else {
-            std::process::Command::new(&exe)
-        };
-        let out = cmd.args(args).output().expect("run a PostgreSQL binary");
-        assert!(
-            out.status.success(),
-            "{tool} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn create() -> PrivatePg {
-        let tmp = tempfile::Builder::new()
-            .prefix("poimen-pg-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        let dir = tmp.path().join("data");
-        // The server's user must own its directory.
-        let _ = std::process::Command::new("chmod")
-            .args(["755"])
-            .arg(tmp.path())
-            .status();
-        std::fs::create_dir(&dir).expect("data dir");
-        let _ = std::process::Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("a free port")
-            .local_addr()
-            .expect("addr")
-            .port();
-        let pg = PrivatePg {
-            bin: Self::bin(),
-            dir,
-            port,
-            _tmp: tmp,
-        };
-        let data = pg.dir.to_str().expect("utf8").to_owned();
-        pg.run(
-            "initdb",
-            &[
-                "-D",
-                &data,
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-            ],
-        );
-        pg.start();
-        pg
-    }
-
-    fn start(&self) {
-        let data = self.dir.to_str().expect("utf8");
-        let opts = format!(
-            "-p {} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off",
-            self.port
-        );
-        let log = format!("{data}/server.log");
-        self.run(
-            "pg_ctl",
-            &["-D", data, "-o", &opts, "-l", &log, "-w", "start"],
-        );
-    }
-
-    fn stop(&self) {
-        let data = self.dir.to_str().expect("utf8");
-        self.run("pg_ctl", &["-D", data, "-m", "fast", "-w", "stop"]);
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for PrivatePg {
-    fn drop(&mut self) {
-        let data = self.dir.to_string_lossy().into_owned();
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
-        }));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_run_stops_runs_with_an_error_naming_it_and_they_finish_once_back() {
-    let pg = PrivatePg::create();
+    // A server of this test's own, to stop and start under the host.
+    let pg = poimen_test_pg::Server::start();
     let url = pg.url();
     let env = Env::new();
     let wf = setup(&env, false);
@@ -1041,7 +894,7 @@ async fn postgres_stopped_mid_run_stops_runs_with_an_error_naming_it_and_they_fi
     }
     pg.stop();
     // The host stays up and says what it cannot reach; so does a verb.
-    let named = format!("127.0.0.1:{}", pg.port);
+    let named = format!("127.0.0.1:{}", pg.port());
     let start = Instant::now();
     while !host.log().contains(&named) {
         assert!(
@@ -1069,7 +922,7 @@ async fn postgres_stopped_mid_run_stops_runs_with_an_error_naming_it_and_they_fi
         host.log()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    pg.start();
+    pg.start_again();
     // Back: every run completes, each effect once, nothing lost.
     let store = poimen::store::open_store(&url).await.expect("store");
     wait_settled(&*store, runs.len(), Duration::from_secs(120), &[&host]).await;

@@ -1,28 +1,22 @@
-//! The plugins of this workspace, built for `wasm32-wasip2` by `build.rs`.
+//! Every component of this workspace, for the tests and benches: the
+//! test-only (adversarial) components under `plugins/adversarial/`, built
+//! for `wasm32-wasip2` by `build.rs`, and the first-party plugins, which
+//! `bundled-plugins` builds and embeds (re-exported here).
 //!
-//! - [`BUNDLED`]: the first-party plugins' component bytes, embedded with
-//!   `include_bytes!`, for the poimen binary to hand to the sandbox host.
 //! - One `&str` constant per component (first-party and test-only) with the
 //!   path of the built `.wasm` file, e.g. [`JSON`], [`ADV_SPIN`]; and
-//!   [`ALL`] listing them.
+//!   [`ALL`] listing them; [`BUNDLED`], the first-party plugins' bytes.
 //! - [`foreach_plugin!`]: calls a macro once per component. The sandbox's
 //!   integration tests use it to demand a test function named after every
 //!   component, so a plugin that no test uses fails the build.
 //! - [`lang::lang_plugins`]: the example plugins written in Python and
 //!   JavaScript, built from source on first use.
 //!
-//! Test-only (adversarial) components are never embedded. This crate knows
-//! nothing of what a plugin does or how the host loads it.
+//! A dev-dependency only: the library depends on `bundled-plugins`, so an
+//! embedder never builds a test-only component. This crate knows nothing of
+//! what a plugin does or how the host loads it.
 
-/// A first-party plugin embedded in the binary.
-#[derive(Debug, Clone, Copy)]
-pub struct Bundled {
-    /// The plugin's identifier here (`fs_read`); its registry name comes
-    /// from the component's own `describe`.
-    pub ident: &'static str,
-    /// The component.
-    pub bytes: &'static [u8],
-}
+pub use bundled_plugins::{BUNDLED, Bundled};
 
 include!(concat!(env!("OUT_DIR"), "/artifacts.rs"));
 

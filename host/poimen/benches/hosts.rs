@@ -15,9 +15,10 @@
 //!   process: the store's contention is what is measured; the process's two
 //!   cores are shared as they would be by processes on this machine.
 //!
-//! `cargo bench -p poimen --bench hosts`. Needs the PostgreSQL server at
-//! `POIMEN_TEST_PG` (default `postgres://postgres@127.0.0.1:5432/test`); it
-//! creates and drops a database of its own.
+//! `cargo bench -p poimen --bench hosts`. Runs on the PostgreSQL server at
+//! `POIMEN_TEST_PG`, or else on a throwaway one it starts (`poimen-test-pg`,
+//! syncing its WAL as a production server does); it creates and drops a
+//! database of its own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -213,8 +214,14 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let base = std::env::var("POIMEN_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        // Kept until the bench ends: dropping it stops the server.
+        let own_server = std::env::var("POIMEN_TEST_PG")
+            .is_err()
+            .then(poimen_test_pg::Server::start_durable);
+        let base = match &own_server {
+            Some(s) => s.url(),
+            None => poimen_test_pg::url(),
+        };
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hosts-bench");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("bench dir");

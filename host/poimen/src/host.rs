@@ -350,7 +350,7 @@ impl HostBuilder {
             sb = sb.plugin_dir(d.clone());
         }
         if self.bundled {
-            for b in plugin_artifacts::BUNDLED {
+            for b in bundled_plugins::BUNDLED {
                 sb = sb.component_bytes(format!("bundled:{}", b.ident), b.bytes);
             }
         }

@@ -297,7 +297,10 @@ async fn send(
             .with_no_client_auth();
         let name = match target.host.parse::<IpAddr>() {
             Ok(ip) => tokio_rustls::rustls::pki_types::ServerName::from(ip),
-            Err(_) => tokio_rustls::rustls::pki_types::ServerName::try_from(target.host.clone())?,
+            Err(_) => tokio_rustls::rustls::pki_types::ServerName::try_from(target.host.clone())
+                .map_err(|e| {
+                    HttpError::Tls(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+                })?,
         };
         let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(name, tcp)

@@ -5,10 +5,12 @@
 //! mid-commit — and what only a server can: its triggers, schema versions,
 //! refused connections and reconnects, several stores on one database.
 //!
-//! The PostgreSQL tests need a server: `POIMEN_TEST_PG` (default
-//! `postgres://postgres@127.0.0.1:5432/test`, trust auth). Each test creates
-//! its own database and drops it at the end. Without a server they fail,
-//! saying how to start one — they never skip.
+//! The PostgreSQL tests run on a throwaway server this test binary starts
+//! (`poimen-test-pg`: `initdb` and `pg_ctl` of the installed server
+//! binaries, a temporary directory, a free port), or on the one
+//! `POIMEN_TEST_PG` names. Each test creates its own database and drops it
+//! at the end. Without the server binaries they fail, naming the package
+//! to install — they never skip.
 //!
 //! Tests assert error *values* (variants and their fields), never panics.
 //! Nothing here knows the executor: runs, events and intents are made up.
@@ -4442,19 +4444,15 @@ mod pg {
     use poimen_store::redact_url;
     use tokio_postgres::NoTls;
 
-    /// The server the tests use: `POIMEN_TEST_PG`, or the local default.
+    /// The server the tests use: `POIMEN_TEST_PG`, or a throwaway server
+    /// of this test binary's own (`poimen-test-pg`).
     pub fn base_url() -> String {
-        std::env::var("POIMEN_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+        poimen_test_pg::url()
     }
 
     /// `url` naming database `name` instead of its own.
     pub fn with_dbname(url: &str, name: &str) -> String {
-        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
-        let query_at = rest.find('?').unwrap_or(rest.len());
-        let (head, query) = rest.split_at(query_at);
-        let authority = head.split('/').next().unwrap_or(head);
-        format!("{scheme}://{authority}/{name}{query}")
+        poimen_test_pg::with_dbname(url, name)
     }
 
     /// `url` with its user (and password) replaced by `user`.
@@ -4474,10 +4472,9 @@ mod pg {
                 client
             }
             Err(e) => panic!(
-                "PostgreSQL is not reachable at {} ({e}). These tests need a server with \
-                 trust auth for user postgres and a database `test`: start one with \
-                 `pg_ctlcluster 15 main start` or `service postgresql start`, or point \
-                 POIMEN_TEST_PG at one",
+                "PostgreSQL is not reachable at {} ({e}): the tests start a throwaway server \
+                 of their own unless POIMEN_TEST_PG names one, which must accept user \
+                 postgres without a password",
                 redact_url(url)
             ),
         }

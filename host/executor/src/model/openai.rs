@@ -10,8 +10,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use poimen_workflow::ReasoningEffort;
 use serde_json::{Value, json};
+use tokio_rustls::rustls;
 
 use crate::effects::{Failure, FailureClass, ModelProvider, ModelRequest, ModelResponse, Usage};
 
@@ -36,19 +41,36 @@ pub struct OpenAiConfig {
     pub effort: EffortMode,
 }
 
+/// Connections to the endpoint: pooled and kept alive, `http://` or
+/// `https://` (rustls on ring, the webpki roots).
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// The provider.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenAiCompatible {
     config: OpenAiConfig,
-    client: reqwest::Client,
+    client: HttpClient,
+}
+
+impl std::fmt::Debug for OpenAiCompatible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiCompatible")
+            .field("base_url", &self.config.base_url)
+            .field("model", &self.config.model)
+            .finish()
+    }
 }
 
 impl OpenAiCompatible {
     pub fn new(config: OpenAiConfig) -> OpenAiCompatible {
-        OpenAiCompatible {
-            config,
-            client: reqwest::Client::new(),
-        }
+        let tls = rustls_config();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
+        OpenAiCompatible { config, client }
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -94,31 +116,58 @@ impl ModelProvider for OpenAiCompatible {
             "{}/chat/completions",
             self.config.base_url.trim_end_matches('/')
         );
-        let mut req = self.client.post(&url).json(&self.body(&request));
-        if request.timeout > Duration::ZERO {
-            req = req.timeout(request.timeout);
-        }
-        if let Some(key) = &self.config.api_key {
-            req = req.bearer_auth(key);
-        }
-        let resp = req.send().await.map_err(|e| {
-            let class = if e.is_timeout() {
-                FailureClass::Timeout
-            } else {
-                FailureClass::Unavailable
-            };
-            Failure::new(
-                class,
-                format!("the model endpoint {url} could not be reached: {e}"),
-            )
-        })?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| {
+        let unreachable = |e: &dyn std::fmt::Display| {
             Failure::new(
                 FailureClass::Unavailable,
-                format!("the model endpoint {url} broke off its answer: {e}"),
+                format!("the model endpoint {url} could not be reached: {e}"),
+            )
+        };
+        let body = serde_json::to_vec(&self.body(&request)).map_err(|e| {
+            Failure::new(
+                FailureClass::Failed,
+                format!("the request to {url} could not be encoded: {e}"),
             )
         })?;
+        let mut req = hyper::Request::post(&url)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(key) = &self.config.api_key {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| unreachable(&e))?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| unreachable(&ErrorChain(&e)))?;
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.map_err(|e| {
+                Failure::new(
+                    FailureClass::Unavailable,
+                    format!("the model endpoint {url} broke off its answer: {e}"),
+                )
+            })?;
+            Ok::<_, Failure>((status, bytes.to_bytes()))
+        };
+        let (status, bytes) = if request.timeout > Duration::ZERO {
+            tokio::time::timeout(request.timeout, exchange)
+                .await
+                .map_err(|_| {
+                    Failure::new(
+                        FailureClass::Timeout,
+                        format!(
+                            "the model endpoint {url} did not answer within {} ms",
+                            request.timeout.as_millis()
+                        ),
+                    )
+                })??
+        } else {
+            exchange.await?
+        };
+        let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
             let class = if status.is_server_error() || status.as_u16() == 429 {
                 FailureClass::Unavailable
@@ -142,6 +191,40 @@ impl ModelProvider for OpenAiCompatible {
                 ),
             )
         })
+    }
+}
+
+/// rustls on ring, trusting the webpki roots (the endpoint is public or
+/// plain `http://`).
+fn rustls_config() -> rustls::ClientConfig {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_or_else(
+        // The ring provider supports the default versions; never reached.
+        |_| rustls::ClientConfig::builder().with_root_certificates(roots.clone()),
+        |b| b.with_root_certificates(roots.clone()),
+    )
+    .with_no_client_auth()
+}
+
+/// An error with its causes, `: `-separated (hyper's client error says
+/// "client error (Connect)" and keeps the cause beneath).
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
     }
 }
 

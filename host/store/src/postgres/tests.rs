@@ -1,7 +1,7 @@
 //! Unit tests of the PostgreSQL store that need the crate's private rules.
-//! They run against the server at `POIMEN_TEST_PG` (default
-//! `postgres://postgres@127.0.0.1:5432/test`), inside one transaction that
-//! is rolled back: nothing stays behind.
+//! They run against the server at `POIMEN_TEST_PG`, or a throwaway one of
+//! their own (`poimen-test-pg`), inside one transaction that is rolled
+//! back: nothing stays behind.
 
 use tokio_postgres::NoTls;
 
@@ -10,8 +10,7 @@ use crate::records::IntentPhase;
 use crate::rules;
 
 fn base_url() -> String {
-    std::env::var("POIMEN_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    poimen_test_pg::url()
 }
 
 /// `poimen_intent_may_follow`, the protocol as `poimen_commit` checks it,
@@ -22,8 +21,8 @@ async fn the_sql_intent_protocol_is_the_rules_one() {
     let (client, conn) = match tokio_postgres::connect(&url, NoTls).await {
         Ok(c) => c,
         Err(e) => panic!(
-            "PostgreSQL is not reachable at {} ({e}). Start one with `pg_ctlcluster 15 main \
-             start` or `service postgresql start`, or point POIMEN_TEST_PG at one",
+            "PostgreSQL is not reachable at {} ({e}): the tests start a throwaway server of \
+             their own unless POIMEN_TEST_PG names one",
             crate::redact::redact_url(&url)
         ),
     };
