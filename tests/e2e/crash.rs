@@ -289,6 +289,67 @@ fn crash_matrix_non_idempotent_tool() {
 }
 
 #[test]
+fn crash_with_an_unwritten_effect_free_tail() {
+    // Issue 44: effect-free records are held unwritten until the next
+    // commit that must be durable: here `before`'s records, then the
+    // non-idempotent `effect`'s `Pending`, then `after`'s records once the
+    // effect is committed. A crash at each of the first three holds loses
+    // that tail and nothing else: the run ends with the output
+    // an uncrashed run gives, the effect made once, `before` recorded
+    // once, the episode refolding.
+    let clean = Env::new();
+    let wf = setup(
+        &clean,
+        &effect_workflow("ledger@^0.1", r#"{entry: {n: "{{ inputs.n }}"}}"#),
+    );
+    let (code, out) = clean.json(&[
+        "--policy",
+        "policy.toml",
+        "run",
+        wf.to_str().expect("utf8"),
+        "--input",
+        r#"{"n": 1}"#,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let run = out["run"].as_str().expect("run id").to_owned();
+    let expected = status(&clean, &run)["state"]["output"].clone();
+    assert!(!expected.is_null(), "{out}");
+    for nth in 1..=3 {
+        let env = Env::new();
+        let wf = setup(
+            &env,
+            &effect_workflow("ledger@^0.1", r#"{entry: {n: "{{ inputs.n }}"}}"#),
+        );
+        let run = run_and_kill(
+            &env,
+            &wf,
+            &format!("with_unwritten_tail:{nth}"),
+            r#"{"n": 1}"#,
+        );
+        recover(&env);
+        let st = status(&env, &run);
+        assert_eq!(st["run"]["status"], json!("completed"), "tail {nth}: {st}");
+        assert_eq!(st["state"]["output"], expected, "tail {nth}: {st}");
+        assert_eq!(
+            ledger_lines(&env, "ledger.jsonl"),
+            1,
+            "tail {nth}: the effect once"
+        );
+        check_consistent(&env, &run);
+        let (_, audit) = env.json(&["audit", &run]);
+        for step in ["before", "effect", "after"] {
+            let calls = audit["tool_calls"]
+                .as_array()
+                .expect("calls")
+                .iter()
+                .filter(|c| c["step"] == json!(step))
+                .count();
+            assert_eq!(calls, 1, "tail {nth}: `{step}` recorded once: {audit}");
+        }
+    }
+}
+
+#[test]
 fn crash_in_the_middle_of_a_fanout() {
     let env = Env::new();
     let wf = setup(

@@ -22,6 +22,7 @@ pub const CRASH_POINTS: &[&str] = &[
     "after_model_committed",
     "after_child_requested",
     "after_child_created",
+    "with_unwritten_tail",
 ];
 
 /// Marks an injection point.

@@ -52,6 +52,10 @@ pub struct ExecutorConfig {
     /// in its `run_started`. `None`: a run's span is a child of whatever
     /// span drives it.
     pub trace_parent: Option<TraceParent>,
+    /// How much effect-free work a run may hold unwritten before its next
+    /// written commit (the policy's `durability.tail-events` and
+    /// `durability.tail-ms`; see `Tail` in `run/mod.rs`).
+    pub tail: TailBound,
 }
 
 pub use crate::episode::TraceCarrier;
@@ -91,7 +95,42 @@ impl Default for ExecutorConfig {
             output_bytes: None,
             scheduler: crate::sched::SchedulerConfig::default(),
             trace_parent: None,
+            tail: TailBound::DEFAULT,
         }
+    }
+}
+
+/// How much effect-free work a run may hold unwritten (see `Tail` in `run/mod.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailBound {
+    /// Events the tail may hold; a commit that would reach this many is
+    /// written. `0`: every commit is written (durability at every step).
+    pub events: u32,
+    /// How old the tail's oldest record may grow, in milliseconds, before
+    /// the next commit is written.
+    pub ms: u32,
+}
+
+impl TailBound {
+    /// The default: 512 events or 250 ms, whichever comes first.
+    pub const DEFAULT: TailBound = TailBound {
+        events: 512,
+        ms: 250,
+    };
+    /// No tail: every commit is written when it is made.
+    pub const NONE: TailBound = TailBound { events: 0, ms: 0 };
+
+    /// Whether a tail of `events` events, the oldest applied at `since`,
+    /// may still be held at `now`.
+    pub(crate) fn holds(self, events: usize, since: Option<i64>, now: i64) -> bool {
+        events < self.events as usize
+            && since.is_none_or(|t| now.saturating_sub(t) < i64::from(self.ms))
+    }
+}
+
+impl Default for TailBound {
+    fn default() -> Self {
+        TailBound::DEFAULT
     }
 }
 

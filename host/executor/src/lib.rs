@@ -47,7 +47,8 @@ pub use episode::{
     VOLATILE_FIELDS, canonical_order, normalize, structure,
 };
 pub use kernel::{
-    DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH, TraceCarrier, TraceParent,
+    DEFAULT_LEASE_TTL_MS, ExecutorConfig, MAX_SUBWORKFLOW_DEPTH, TailBound, TraceCarrier,
+    TraceParent,
 };
 pub use run::{Inconsistency, RunOutcome, Started, judgment_id};
 pub use runnable::{Runnable, WorkflowLoader};

@@ -17,7 +17,7 @@ use poimen_executor::model::{Rule, ScriptedProvider};
 use poimen_executor::testing::{ManualClock, MemoryLoader, ScriptedTools};
 use poimen_executor::{
     Executor, ExecutorConfig, FailureClass, JudgmentSubmission, Pressure, RunOutcome, StartOptions,
-    StepStatus, Verdict, assert_refold_identical, structure,
+    StepStatus, TailBound, Verdict, assert_refold_identical, structure,
 };
 use poimen_store::{IntentPhase, MemoryStore, RunStatus, Store};
 use poimen_workflow::*;
@@ -1934,13 +1934,26 @@ async fn walk_a_workflow_called_as_a_tool_is_one_child_run_whose_output_is_the_s
 // | in a sub-workflow | 2/2 → 2/2        | 2/3 → 2/3      |
 //
 // An effect-free tool (pure, granted no network and no writable mount:
-// `ToolHost::effect_free`) writes nothing ahead of its call: 1/1 on the
+// `ToolHost::effect_free`) wrote nothing ahead of its call: 1/1 on the
 // spine, in a branch and in a sub-workflow, 1/2 with a verifier.
 //
-// A non-idempotent tool's `Pending` is a commit of its own, buffered (see
-// `durable_a_spine_tool_step_takes_two_fsyncs`). When verifiers follow a
-// call, its outcome is fsynced before they run (`AfterCall` in
-// `run/attempt.rs`), the verdicts riding with the step's end, buffered.
+// Issue 44, durability at effects (`Tail` in `run/mod.rs`): a commit that
+// needs no durability is held in the run's unwritten tail and rides in the
+// run's next written commit. A step's cost is now the commits it *makes*
+// (those its own records end: `trigger`), whoever's records they carry:
+//
+// | shape             | pure, idempotent | non-idempotent | effect-free |
+// |-------------------|------------------|----------------|-------------|
+// | spine             | 2/2              | 2/3 → 2/2      | 1/1 → 0/0   |
+// | fan-out branch    | 2/2              | 2/3 → 2/2      | 1/1 → 0/0   |
+// | with a verifier   | 2/3 → 2/2        | 2/4 → 2/2      | 1/2 → 0/0   |
+// | in a sub-workflow | 2/2              | 2/3 → 2/2      | 1/1 → 0/0   |
+//
+// A non-idempotent tool's `Pending` is held in the tail and written with
+// its `Dispatched` (see `durable_a_spine_tool_step_takes_two_fsyncs`).
+// When verifiers follow a call, its outcome is fsynced before they run
+// (`AfterCall` in `run/attempt.rs`), the verdicts and the step's end
+// riding in the tail.
 
 /// What the counting store and the counting tools saw, in the order it
 /// happened: a store write once it returned, a tool call when it began.
@@ -1978,6 +1991,8 @@ fn push(log: &Log, entry: Logged) {
 struct CountingStore {
     inner: Arc<MemoryStore>,
     log: Log,
+    /// Commits still to pass before one is refused (`Busy`), if any.
+    refuse_after: std::sync::Mutex<Option<usize>>,
 }
 
 impl CountingStore {
@@ -2102,6 +2117,19 @@ impl Store for CountingStore {
             intents,
         };
         tokio::task::yield_now().await;
+        {
+            let mut left = self.refuse_after.lock().unwrap_or_else(|p| p.into_inner());
+            match *left {
+                Some(0) => {
+                    *left = None;
+                    return Err(poimen_store::StoreError::Busy {
+                        path: "counted".into(),
+                    });
+                }
+                Some(n) => *left = Some(n - 1),
+                None => {}
+            }
+        }
         let r = self.inner.commit(commit).await;
         if r.is_ok() {
             push(&self.log, entry);
@@ -2259,11 +2287,23 @@ fn counted_tools(log: &Log) -> ScriptedTools {
 
 /// A kernel whose executor writes through a [`CountingStore`].
 fn counted_kernel() -> (Kernel, Log) {
+    counted_kernel_with(ExecutorConfig::default())
+}
+
+/// [`counted_kernel`] under `config`.
+fn counted_kernel_with(config: ExecutorConfig) -> (Kernel, Log) {
+    counted_kernel_refusing(config, None)
+}
+
+/// [`counted_kernel_with`], its store refusing the commit after the first
+/// `refuse_after` (once).
+fn counted_kernel_refusing(config: ExecutorConfig, refuse_after: Option<usize>) -> (Kernel, Log) {
     let log: Log = Arc::default();
     let memory = Arc::new(MemoryStore::new());
     let store = Arc::new(CountingStore {
         inner: memory.clone(),
         log: log.clone(),
+        refuse_after: std::sync::Mutex::new(refuse_after),
     });
     let tools = Arc::new(counted_tools(&log));
     let loader = MemoryLoader::new();
@@ -2274,7 +2314,7 @@ fn counted_kernel() -> (Kernel, Log) {
         Arc::new(ScriptedProvider::new(vec![Rule::contains("", "ok")])),
         clock.clone(),
         loader.clone(),
-        ExecutorConfig::default(),
+        config,
     );
     let k = Kernel {
         store: memory,
@@ -2298,11 +2338,38 @@ fn cost(syncs: usize, commits: usize) -> StepCost {
     StepCost { syncs, commits }
 }
 
+/// The step whose records end a commit — `None` when a record of the run
+/// (its end) does, else its last intent's step, else its last event's: the
+/// step that made the commit. Records ahead of them are what the commit carried (queued
+/// records of the same lane, the run's unwritten tail).
+fn trigger(entry: &Logged) -> Option<&str> {
+    let Logged::Commit {
+        events, intents, ..
+    } = entry
+    else {
+        return None;
+    };
+    if events
+        .last()
+        .is_some_and(|(kind, _)| kind.starts_with("run_"))
+    {
+        return None;
+    }
+    match intents.last() {
+        Some((step, ..)) => Some(step.as_str()),
+        None => events.last().and_then(|(_, s)| s.as_deref()),
+    }
+}
+
 /// Checks the guarantees of every tool call in `log` and returns what each
 /// call's step cost, by step name:
 ///
-/// - every commit carries the records of one step at most (a fan-out
-///   branch's queued records never ride in a sibling's commit);
+/// - the `Dispatched` and outcome intents of calls that may have an effect
+///   in one commit are of one step at most (a fan-out branch's queued
+///   records never ride in a sibling's commit; only the unwritten tail —
+///   effect-free records, and a non-idempotent call's `Pending` — is the
+///   run's, and rides in whichever commit is written next: if that commit
+///   fails, every later commit of the run is refused);
 /// - the call's `Dispatched` intent is in a `Sync` commit that returned
 ///   before the call began, and its `Pending` in that commit or an earlier
 ///   one of the run (durable no later than `Dispatched`: a buffered commit
@@ -2311,13 +2378,19 @@ fn cost(syncs: usize, commits: usize) -> StepCost {
 ///   and `Pending`, `Dispatched` and the outcome are in one commit after it;
 /// - its outcome (`Committed`/`Failed`) follows the call and is made
 ///   durable — by its own commit or a later `Sync` write — before the run
-///   commits anything of another step, or its end;
+///   commits anything of another step, or its end (an effect-free call's:
+///   by some later `Sync` write);
 /// - no other durable write (a blob, a run, a claim) falls between the
 ///   step's first commit and its last: the step's fsyncs are its commits'.
 fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
     for e in log {
-        if let Logged::Commit { steps, .. } = e {
-            assert!(steps.len() <= 1, "one commit, records of one step: {e:?}");
+        if let Logged::Commit { intents, .. } = e {
+            let steps: std::collections::BTreeSet<&str> = intents
+                .iter()
+                .filter(|(_, phase, _, tool)| tool != "free" && *phase != IntentPhase::Pending)
+                .map(|(s, ..)| s.as_str())
+                .collect();
+            assert!(steps.len() <= 1, "one commit, intents of one step: {e:?}");
         }
     }
     let durable = |from: usize| {
@@ -2383,7 +2456,9 @@ fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
             }
             _ => false,
         });
-        if let Some(n) = moves_on {
+        // An effect-free outcome need not be durable before the run moves
+        // on: lost, it is made again.
+        if let Some(n) = moves_on.filter(|_| tool != "free") {
             assert!(
                 durable_at <= outcome + n,
                 "`{step}`: its outcome (entry {outcome}) is durable (at {durable_at}) before the run moves on (entry {})",
@@ -2413,11 +2488,22 @@ fn step_costs(log: &[Logged]) -> BTreeMap<String, StepCost> {
                 .collect();
             assert!(other.is_empty(), "`{step}`: other fsyncs {other:?}");
         }
+        let made: Vec<bool> = log
+            .iter()
+            .filter_map(|e| match e {
+                Logged::Commit { run: r, sync, .. }
+                    if r == run && trigger(e) == Some(step.as_str()) =>
+                {
+                    Some(*sync)
+                }
+                _ => None,
+            })
+            .collect();
         costs.insert(
             step,
             StepCost {
-                syncs: mine.iter().filter(|(_, s)| *s).count(),
-                commits: mine.len(),
+                syncs: made.iter().filter(|s| **s).count(),
+                commits: made.len(),
             },
         );
     }
@@ -2458,12 +2544,13 @@ async fn assert_costs(
 /// How a tool's calls are written (see `run/intent.rs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Writes {
-    /// Effect-free: nothing ahead of the call.
+    /// Effect-free: nothing ahead of the call, nothing after it but the
+    /// run's unwritten tail.
     Nothing,
     /// Pure or idempotent: `Pending` and `Dispatched` in one fsynced commit.
     Ahead,
-    /// Non-idempotent: `Pending` in a buffered commit of its own, then
-    /// `Dispatched` fsynced.
+    /// Non-idempotent: `Pending` held in the tail, then written with
+    /// `Dispatched`, fsynced.
     PendingApart,
 }
 
@@ -2479,9 +2566,8 @@ const TOOLS: [(&str, Writes); 4] = [
 /// costs for each way of writing.
 fn plain_cost(writes: Writes) -> StepCost {
     match writes {
-        Writes::Nothing => cost(1, 1),
-        Writes::Ahead => cost(2, 2),
-        Writes::PendingApart => cost(2, 3),
+        Writes::Nothing => cost(0, 0),
+        Writes::Ahead | Writes::PendingApart => cost(2, 2),
     }
 }
 
@@ -2500,16 +2586,16 @@ async fn durable_a_spine_tool_step_takes_two_fsyncs() {
     // commit, `tool_called` + outcome + the step's end in the next.
     //
     // Non-idempotent: the intent protocol (DESIGN.md, "The intent
-    // protocol") wants `Pending` durable before `Dispatched`, so that a
-    // crash between them leaves a call known not to have been made, which
-    // recovery makes rather than blocking the run as `outcome_unknown`.
-    // `Pending` is a commit of its own, buffered: the store writes in
-    // order, so `Dispatched`'s fsync makes `Pending` durable first, and no
-    // crash — of the process or of the machine — leaves `Dispatched`
-    // without it. Three commits, two of them fsyncs.
+    // protocol") wants `Pending` durable no later than `Dispatched`, so
+    // that no crash leaves `Dispatched` without it. `Pending` is a commit
+    // of its own that needs no durability: held in the run's unwritten
+    // tail, it is written with `Dispatched`, in one transaction, fsynced.
+    // A crash before that leaves no record of the call, which recovery
+    // then makes. Two commits, both fsyncs.
     //
     // Effect-free: start, `Pending`, `Dispatched`, `tool_called`, outcome
-    // and the step's end in one fsynced commit.
+    // and the step's end are held in the tail and ride in the run's next
+    // written commit (here its end): the step makes no commit.
     for (tool, writes) in TOOLS {
         let c = plain_cost(writes);
         assert_costs(&spine_of(tool), None, &[("a", c), ("b", c)]).await;
@@ -2572,9 +2658,8 @@ async fn durable_a_tool_step_in_each_branch_of_a_fanout_takes_two_fsyncs() {
 async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
     // The call's outcome is fsynced on its own before the verifier runs
     // (a crash while it runs must not cost the call), and the verdicts
-    // ride with the step's end, buffered: 2 fsyncs, 3 commits (4 with a
-    // non-idempotent tool's own `Pending`; 1 fsync, 2 commits for an
-    // effect-free one, whose intents ride with its outcome).
+    // ride with the step's end in the tail: 2 fsyncs, 2 commits (none for
+    // an effect-free call, whose outcome is only made again if lost).
     for (tool, writes) in TOOLS {
         let verified = |id: &str| {
             StepDef::tool(id, r(tool), json!({"x": 1})).with_verifier(r("nonempty"), Value::Null)
@@ -2583,11 +2668,7 @@ async fn durable_a_tool_step_with_a_verifier_takes_two_fsyncs() {
             .with_step(verified("a"))
             .with_step(verified("b"))
             .with_edge("a", "b");
-        let c = match writes {
-            Writes::Nothing => cost(1, 2),
-            Writes::Ahead => cost(2, 3),
-            Writes::PendingApart => cost(2, 4),
-        };
+        let c = plain_cost(writes);
         assert_costs(&def, None, &[("a", c), ("b", c)]).await;
     }
 }
@@ -2607,6 +2688,153 @@ async fn durable_a_tool_step_in_a_sub_workflow_takes_two_fsyncs() {
             .with_edge("call", "after");
         let c = plain_cost(writes);
         assert_costs(&parent, Some(&child), &[("c", c), ("d", c), ("after", c)]).await;
+    }
+}
+
+/// The run's store commits in `log`: (fsynced, events in it).
+fn run_commits(log: &[Logged]) -> Vec<(bool, usize)> {
+    log.iter()
+        .filter_map(|e| match e {
+            Logged::Commit { sync, events, .. } => Some((*sync, events.len())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Three steps of `tools`, one after another.
+fn chain_of(tools: [&str; 3]) -> WorkflowDef {
+    WorkflowDef::new("t.chain")
+        .with_step(StepDef::tool("a", r(tools[0]), json!({"x": 1})))
+        .with_step(StepDef::tool("b", r(tools[1]), json!({"x": 2})))
+        .with_step(StepDef::tool("c", r(tools[2]), json!({"x": 3})))
+        .with_edge("a", "b")
+        .with_edge("b", "c")
+}
+
+#[tokio::test]
+async fn durable_an_effect_free_run_is_written_at_its_start_and_its_end() {
+    // Issue 44: three effect-free steps make no commit of their own; the
+    // run is written when it starts and when it ends, the end carrying
+    // every step's records in one fsynced commit.
+    let log = counted_log(&chain_of(["free", "free", "free"]), None).await;
+    let commits = run_commits(&log);
+    assert_eq!(commits.len(), 2, "{log:#?}");
+    assert!(commits.iter().all(|(sync, _)| *sync), "{log:#?}");
+    let last = log
+        .iter()
+        .rev()
+        .find(|e| matches!(e, Logged::Commit { .. }))
+        .expect("a commit");
+    let Logged::Commit { steps, events, .. } = last else {
+        unreachable!()
+    };
+    assert_eq!(steps.len(), 3, "every step rides in the end: {last:?}");
+    assert!(events.iter().any(|(k, _)| k == "run_completed"), "{last:?}");
+}
+
+#[tokio::test]
+async fn durable_an_effect_between_effect_free_steps_costs_its_two_fsyncs_and_no_more() {
+    // The middle step may have an effect: its `Dispatched` (carrying the
+    // first step's records) and its outcome are fsynced; the last step
+    // rides in the run's end. Start, two for the effect, end.
+    for tool in ["pure", "idempotent", "once"] {
+        let def = chain_of(["free", tool, "free"]);
+        let log = assert_costs(
+            &def,
+            None,
+            &[("a", cost(0, 0)), ("b", cost(2, 2)), ("c", cost(0, 0))],
+        )
+        .await;
+        let commits = run_commits(&log);
+        assert_eq!(commits.len(), 4, "{tool}: {log:#?}");
+        assert!(commits.iter().all(|(sync, _)| *sync), "{tool}: {log:#?}");
+    }
+}
+
+#[tokio::test]
+async fn durable_a_long_effect_free_run_is_written_at_the_tail_bound() {
+    // With a bound of 4 events the tail is written, buffered, whenever it
+    // would reach it: no written commit but the run's start and end is
+    // fsynced, and the run still ends with every step recorded once.
+    let config = ExecutorConfig {
+        tail: TailBound {
+            events: 4,
+            ms: u32::MAX,
+        },
+        ..ExecutorConfig::default()
+    };
+    let (k, log) = counted_kernel_with(config);
+    let def = chain_of(["free", "free", "free"]);
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let commits = run_commits(&log);
+    assert!(commits.len() > 2, "the bound wrote the tail: {log:#?}");
+    let (first, rest) = commits.split_first().expect("commits");
+    let (last, middle) = rest.split_last().expect("an end");
+    assert!(first.0 && last.0, "start and end are fsynced: {commits:?}");
+    assert!(middle.iter().all(|(sync, _)| !*sync), "{commits:?}");
+    assert_eq!(k.tools.calls().len(), 3);
+}
+
+#[tokio::test]
+async fn durable_a_refused_write_that_carried_the_tail_stops_every_lane() {
+    // Three branches of effect-free steps, then a step with an effect: the
+    // first written commit after the run's start (the effect's, carrying
+    // every branch's tail) is refused. The tail it carried is in no store,
+    // so the run writes nothing after it — no lane goes on past what the
+    // store holds — and the stored episode is the run's start alone, which
+    // refolds; the effect was never called.
+    let (k, log) = counted_kernel_refusing(ExecutorConfig::default(), Some(1));
+    let def = WorkflowDef::new("t.refused")
+        .with_step(StepDef::parallel("fan", ["left", "right"]))
+        .with_step(StepDef::tool("left", r("free"), json!("L")))
+        .with_step(StepDef::tool("right", r("free"), json!("R")))
+        .with_step(StepDef::tool("after", r("idempotent"), json!("A")))
+        .with_edge("fan", "after");
+    let out = k
+        .exec
+        .run(k.add(&def), json!({}), StartOptions::default())
+        .await
+        .expect("an outcome");
+    assert!(
+        out.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("refused a write"),
+        "{:?}",
+        out.reason
+    );
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let commits = run_commits(&log);
+    assert_eq!(commits.len(), 1, "only the start was written: {log:#?}");
+    assert!(
+        !log.iter()
+            .any(|e| matches!(e, Logged::Called(key) if key.contains("after"))),
+        "{log:#?}"
+    );
+    let stored = k.store.events(&out.run).await.expect("events");
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let ep = k.exec.episode(&out.run).await.expect("episode");
+    poimen_executor::refold(&ep).expect("the stored episode refolds");
+}
+
+#[tokio::test]
+async fn durable_with_no_tail_every_step_is_written_when_it_ends() {
+    // `tail-events = 0`: each effect-free step is one commit of its own,
+    // buffered (written before the run moves on, fsynced by the next
+    // fsync: lost only to a power loss, and then only made again).
+    let config = ExecutorConfig {
+        tail: TailBound::NONE,
+        ..ExecutorConfig::default()
+    };
+    let (k, log) = counted_kernel_with(config);
+    let out = k.run(&chain_of(["free", "free", "free"]), json!({})).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let costs = step_costs(&log);
+    for step in ["a", "b", "c"] {
+        assert_eq!(costs[step].commits, 1, "`{step}`: {log:#?}");
     }
 }
 

@@ -407,6 +407,18 @@ impl HostBuilder {
                 output_bytes: policy.runs().bounds.output_bytes,
                 scheduler: self.scheduler,
                 trace_parent: self.open.trace_parent.clone(),
+                tail: poimen_executor::TailBound {
+                    events: policy
+                        .runs()
+                        .tail
+                        .events
+                        .unwrap_or(poimen_executor::TailBound::DEFAULT.events),
+                    ms: policy
+                        .runs()
+                        .tail
+                        .ms
+                        .unwrap_or(poimen_executor::TailBound::DEFAULT.ms),
+                },
             },
         );
         Ok(Host {

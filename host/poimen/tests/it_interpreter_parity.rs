@@ -1810,6 +1810,23 @@ async fn noting_harness_under(
 }
 
 impl Noting {
+    /// The commits that name step `id`, each cut to the records of `id`
+    /// (a commit may carry the run's unwritten tail: other steps' records).
+    fn only(&self, id: &str) -> Vec<CommitShape> {
+        self.of(id)
+            .into_iter()
+            .map(|c| CommitShape {
+                durability: c.durability,
+                events: c
+                    .events
+                    .into_iter()
+                    .filter(|(_, s)| s.as_deref() == Some(id))
+                    .collect(),
+                intents: c.intents.into_iter().filter(|(s, _)| s == id).collect(),
+            })
+            .collect()
+    }
+
     /// The commits that name step `id` (in an event or an intent).
     fn of(&self, id: &str) -> Vec<CommitShape> {
         self.commits
@@ -1826,13 +1843,15 @@ impl Noting {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interpreter_durable_effect_free_tool_step_makes_one_commit_fsynced() {
-    // The commit budget of a durable step of an effect-free tool (pure,
-    // granted no network and no writable mount), held structurally: nothing
-    // is written ahead of the call — its start, `Pending` and `Dispatched`
-    // ride with its outcome and the step's end in one commit, fsynced before
-    // the run moves on. A step with verifiers commits its outcome at once
-    // (the verifiers may take long), and its verdicts ride with its end.
+async fn interpreter_durable_effect_free_tool_steps_ride_in_the_runs_end() {
+    // The commit budget of durable steps of an effect-free tool (pure,
+    // granted no network and no writable mount), held structurally on the
+    // real host and store: nothing is written ahead of a call, and nothing
+    // after it either — its start, `Pending`, `Dispatched`, outcome and the
+    // step's end are held in the run's unwritten tail (docs/store.md,
+    // "Durable at effects") and ride in the run's end, one fsynced commit.
+    // A verified step's outcome and verdicts are held the same way. The
+    // run is two commits: its start and its end.
     let (h, noting) = noting_harness(vec![]).await;
     let step = |id: &str| {
         StepDef::tool(
@@ -1851,9 +1870,17 @@ async fn interpreter_durable_effect_free_tool_step_makes_one_commit_fsynced() {
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     h.checked(&out).await;
 
-    use poimen_store::Durability::{Buffered, Sync};
+    use poimen_store::Durability::Sync;
     let ev = |kind: &str, id: &str| (kind.to_owned(), Some(id.to_owned()));
-    let b = noting.of("b");
+    let all = noting.commits.lock().expect("commits").clone();
+    assert_eq!(all.len(), 2, "the run's start and its end: {all:#?}");
+    assert!(all.iter().all(|c| c.durability == Sync), "{all:#?}");
+    assert_eq!(
+        all[1].events.last(),
+        Some(&("run_completed".to_owned(), None)),
+        "{all:#?}"
+    );
+    let b = noting.only("b");
     assert_eq!(
         b,
         vec![CommitShape {
@@ -1873,35 +1900,28 @@ async fn interpreter_durable_effect_free_tool_step_makes_one_commit_fsynced() {
         }],
         "{b:#?}"
     );
-    let c = noting.of("c");
+    let c = noting.only("c");
     assert_eq!(
         c,
-        vec![
-            CommitShape {
-                durability: Sync,
-                events: vec![
-                    ev("step_started", "c"),
-                    ev("attempt_started", "c"),
-                    ev("tool_called", "c"),
-                ],
-                intents: vec![
-                    ("c".into(), IntentPhase::Pending),
-                    ("c".into(), IntentPhase::Dispatched),
-                    ("c".into(), IntentPhase::Committed),
-                ],
-            },
-            CommitShape {
-                durability: Buffered,
-                events: vec![
-                    ev("verified", "c"),
-                    ev("attempt_finished", "c"),
-                    ev("step_finished", "c"),
-                ],
-                intents: vec![],
-            },
-        ],
+        vec![CommitShape {
+            durability: Sync,
+            events: vec![
+                ev("step_started", "c"),
+                ev("attempt_started", "c"),
+                ev("tool_called", "c"),
+                ev("verified", "c"),
+                ev("attempt_finished", "c"),
+                ev("step_finished", "c"),
+            ],
+            intents: vec![
+                ("c".into(), IntentPhase::Pending),
+                ("c".into(), IntentPhase::Dispatched),
+                ("c".into(), IntentPhase::Committed),
+            ],
+        }],
         "{c:#?}"
     );
+    assert_eq!(noting.of("a"), noting.of("c"), "a, b and c ride together");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1909,7 +1929,9 @@ async fn interpreter_durable_tool_step_with_an_effect_makes_two_commits_both_fsy
     // A tool that can have an effect — here an idempotent one with a
     // writable mount — keeps the write-ahead intent: its start rides with
     // `Pending` and `Dispatched` in one commit, fsynced before the guest
-    // runs, and the call's outcome is fsynced with the step's end.
+    // runs (carrying the effect-free `a` before it, from the run's
+    // unwritten tail), and the call's outcome is fsynced with the step's
+    // end.
     let ledger = tempfile::tempdir().expect("ledger");
     let policy = poimen_sandbox::Policy::in_code()
         .grant_fs_write("ledger-idempotent", "/ledger", ledger.path())
@@ -1933,7 +1955,7 @@ async fn interpreter_durable_tool_step_with_an_effect_makes_two_commits_both_fsy
 
     use poimen_store::Durability::Sync;
     let ev = |kind: &str, id: &str| (kind.to_owned(), Some(id.to_owned()));
-    let b = noting.of("b");
+    let b = noting.only("b");
     assert_eq!(
         b,
         vec![

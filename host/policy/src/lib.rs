@@ -14,4 +14,6 @@ mod runs;
 
 pub use limits::CallLimits;
 pub use policy::*;
-pub use runs::{Bounds, DurabilityDefault, JudgmentRules, Retention, RunPolicy, WorkflowRules};
+pub use runs::{
+    Bounds, DurabilityDefault, JudgmentRules, Retention, RunPolicy, UnwrittenTail, WorkflowRules,
+};

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::limits::CallLimits;
-use crate::runs::{Bounds, DurabilityDefault, JudgmentRules, Retention, RunPolicy, WorkflowRules};
+use crate::runs::{
+    Bounds, DurabilityDefault, JudgmentRules, Retention, RunPolicy, UnwrittenTail, WorkflowRules,
+};
 
 /// Where a policy came from, for error messages ("the policy consulted").
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -241,6 +243,10 @@ struct RetentionFile {
 struct DurabilityFile {
     #[serde(default)]
     work: Option<WorkKind>,
+    #[serde(default)]
+    tail_events: Option<u32>,
+    #[serde(default)]
+    tail_ms: Option<Spanned<u32>>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -319,6 +325,10 @@ impl PolicyFile {
             Some(WorkKind::Ephemeral) => DurabilityDefault::Ephemeral,
             Some(WorkKind::Durable) | None => DurabilityDefault::Durable,
         };
+        let tail = UnwrittenTail {
+            events: self.durability.tail_events,
+            ms: positive(text, "tail-ms", self.durability.tail_ms.take())?,
+        };
         let w = &mut self.workflows;
         let enabled_ids = match w.enabled_ids.take() {
             None => None,
@@ -368,6 +378,7 @@ impl PolicyFile {
         };
         Ok(RunPolicy {
             durability,
+            tail,
             workflows,
             judgment,
             bounds,
@@ -908,6 +919,8 @@ mod tests {
         let text = r#"
             [durability]
             work = "ephemeral"
+            tail-events = 0
+            tail-ms = 100
 
             [workflows]
             enabled = true
@@ -932,6 +945,13 @@ mod tests {
         let p = Policy::from_toml(text, d.path(), PolicySource::Code).expect("policy");
         let r = p.runs();
         assert_eq!(r.durability, DurabilityDefault::Ephemeral);
+        assert_eq!(
+            r.tail,
+            UnwrittenTail {
+                events: Some(0),
+                ms: Some(100)
+            }
+        );
         assert!(!r.workflows.allow_custom_definitions && !r.workflows.allow_state_mutations);
         assert_eq!(r.workflows.refuses("ticket"), None);
         assert!(
@@ -989,6 +1009,7 @@ mod tests {
         let d = dir();
         let cases = [
             ("[durability]\nwork = \"sometimes\"\n", "line 2", "durable"),
+            ("[durability]\n\ntail-ms = 0\n", "line 3", "tail-ms"),
             (
                 "[workflows]\nenabled-ids = [\"ok\",\n  \"Not An Id\"]\n",
                 "line 3",

@@ -26,6 +26,17 @@ pub enum DurabilityDefault {
     Ephemeral,
 }
 
+/// How much effect-free work a durable run may hold unwritten before its
+/// next written commit (`[durability] tail-events`, `tail-ms`; `None`: the
+/// executor's default). See docs/store.md, "Durable at effects".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnwrittenTail {
+    /// Events; `0` writes every commit when it is made.
+    pub events: Option<u32>,
+    /// Milliseconds the oldest unwritten record may wait.
+    pub ms: Option<u32>,
+}
+
 /// Which workflows may start, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkflowRules {
@@ -110,6 +121,7 @@ pub struct Retention {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunPolicy {
     pub durability: DurabilityDefault,
+    pub tail: UnwrittenTail,
     pub workflows: WorkflowRules,
     pub judgment: JudgmentRules,
     pub bounds: Bounds,

@@ -54,8 +54,11 @@ pub(crate) fn router(
         .route(
             "/runs",
             post(
-                move |host: State<Shared>, headers: HeaderMap, req: Json<StartRun>| {
-                    start_run(host, headers, req, queue)
+                move |host: State<Shared>,
+                      headers: HeaderMap,
+                      query: QueryOf<StartQuery>,
+                      req: Json<StartRun>| {
+                    start_run(host, headers, query, req, queue)
                 },
             )
             .get(list_runs),
@@ -224,6 +227,60 @@ pub struct RunQuery {
     pub tenant: Option<String>,
     /// How many runs at most, newest first (default 50, at most 1000).
     pub limit: Option<u32>,
+}
+
+/// How long `POST /v1/runs` waits for the run to stop.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StartQuery {
+    /// Seconds to wait for the run to stop (complete, fail, be cancelled,
+    /// wait for a judgment or block), at most 300; the run is then driven
+    /// by this host at once, not queued. `Prefer: wait=N` (RFC 7240) says
+    /// the same; the smaller wins when both are given.
+    pub wait: Option<u32>,
+}
+
+/// Longest wait `POST /v1/runs` takes, in seconds.
+pub const MAX_START_WAIT_S: u32 = 300;
+
+/// The wait a start asks for: `?wait=N`, or `Prefer: wait=N` (RFC 7240;
+/// other preferences are ignored, as the RFC says), the smaller of the
+/// two, at most [`MAX_START_WAIT_S`]. `Err`: a `wait` preference that is
+/// not a number of seconds.
+fn start_wait(query: &StartQuery, headers: &HeaderMap) -> ApiResult<Option<u32>> {
+    let mut prefer = None;
+    for value in headers.get_all("prefer") {
+        let Ok(text) = value.to_str() else { continue };
+        for pref in text.split(',') {
+            let pref = pref.split(';').next().unwrap_or("").trim();
+            let Some((name, v)) = pref.split_once('=') else {
+                continue;
+            };
+            if !name.trim().eq_ignore_ascii_case("wait") {
+                continue;
+            }
+            let v = v.trim().trim_matches('"');
+            let secs: u32 = v.parse().map_err(|_| {
+                ApiError::InvalidQuery(format!(
+                    "`Prefer: wait={v}` is not a number of seconds: give `Prefer: wait=N` with N from 0 to {MAX_START_WAIT_S}"
+                ))
+            })?;
+            prefer = Some(prefer.map_or(secs, |p: u32| p.min(secs)));
+        }
+    }
+    if let Some(w) = query.wait
+        && w > MAX_START_WAIT_S
+    {
+        return Err(ApiError::InvalidQuery(format!(
+            "`wait={w}` is longer than the longest wait, {MAX_START_WAIT_S} seconds: give at most `wait={MAX_START_WAIT_S}` and follow the run with `GET /v1/runs/{{run}}/events`"
+        )));
+    }
+    let wait = match (query.wait, prefer) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Ok(wait.map(|w| w.min(MAX_START_WAIT_S)))
 }
 
 /// Where to run a failed run again from.
@@ -577,10 +634,19 @@ async fn openapi_doc() -> Response {
 /// Starts a run of a published workflow: driven by this host at once, or —
 /// under `poimen serve` — queued for its serving loop, which claims it
 /// within its bound on runs at once (`--max-runs`).
-#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = StartRun,
+///
+/// With a wait (`?wait=N` or `Prefer: wait=N`, seconds) the run is driven
+/// by this host at once and the request is answered when it stops: `201`
+/// with its outcome (status and output) if it stopped within the wait,
+/// else `202` with its state once that is durable (follow it with
+/// `GET /v1/runs/{run}/events`). One request and, for a run of effect-free
+/// steps, one fsync more than its start.
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = StartRun, params(StartQuery,
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (RFC 7240): as `?wait=N`")),
     responses(
-        (status = 201, description = "The run was created, started or queued (or, under a known idempotency key, the existing run)", body = RunView),
-        (status = 400, description = "Malformed body, a file path as target, or input violating the workflow's schema (`input-invalid`)", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "The run was created, started or queued (or, under a known idempotency key, the existing run); with a wait, it stopped within it and this is its outcome", body = RunView),
+        (status = 202, description = "With a wait: the run did not stop within it and goes on; this is its state", body = RunView),
+        (status = 400, description = "Malformed body, a file path as target, input violating the workflow's schema (`input-invalid`), or a bad wait", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No token, or the wrong one", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The policy refuses the workflow", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown workflow or version", body = Problem, content_type = "application/problem+json"),
@@ -592,9 +658,11 @@ async fn openapi_doc() -> Response {
 async fn start_run(
     State(host): State<Shared>,
     headers: HeaderMap,
+    QueryOf(query): QueryOf<StartQuery>,
     Json(req): Json<StartRun>,
     queue: bool,
 ) -> ApiResult<Response> {
+    let wait = start_wait(&query, &headers)?;
     if looks_like_path(&req.workflow) {
         return Err(ApiError::FileTarget(req.workflow));
     }
@@ -605,6 +673,33 @@ async fn start_run(
         trace: trace_carrier(&headers),
     };
     let target = Target::Version(target);
+    if let Some(secs) = wait {
+        let handle = host.start(&target, req.input, opts).await?;
+        let stopped = handle
+            .stopped_within(std::time::Duration::from_secs(u64::from(secs)))
+            .await?
+            .filter(|(rec, _)| !matches!(rec.status, RunStatus::Running | RunStatus::Queued));
+        let (code, view) = match stopped {
+            Some((record, output)) => (StatusCode::CREATED, RunView::of(record, output)),
+            None => (
+                StatusCode::ACCEPTED,
+                RunView::of(host.status(handle.id()).await?.0, None),
+            ),
+        };
+        let location = format!("/v1/runs/{}", view.id);
+        return Ok((
+            code,
+            [
+                (header::LOCATION, location),
+                (
+                    header::HeaderName::from_static("preference-applied"),
+                    format!("wait={secs}"),
+                ),
+            ],
+            axum::Json(view),
+        )
+            .into_response());
+    }
     let run = if queue {
         host.enqueue(&target, req.input, opts).await?
     } else {

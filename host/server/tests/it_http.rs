@@ -484,6 +484,108 @@ async fn a_workflow_is_published_armed_run_and_inspected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_starts_a_run_and_answers_with_its_outcome() {
+    // Issue 44: `?wait=N` or `Prefer: wait=N` answers with the run's
+    // outcome when it stops within the wait.
+    let api = api().await;
+    let version = api.publish(ECHO).await;
+    let done = api
+        .post(
+            "/v1/runs?wait=30",
+            json!({"workflow": version, "input": {"text": "hi"}}),
+        )
+        .await;
+    assert_eq!(done.ok(201)["status"], "completed", "{}", done.text);
+    assert_eq!(done.body["output"], json!({"said": "hi"}));
+    assert_eq!(done.headers["preference-applied"], "wait=30");
+    let run = done.body["id"].as_str().expect("id");
+    assert_eq!(
+        done.headers[header::LOCATION].to_str().expect("location"),
+        format!("/v1/runs/{run}")
+    );
+    // What it answered is what the store holds.
+    assert_eq!(
+        api.get(&format!("/v1/runs/{run}")).await.ok(200)["output"],
+        json!({"said": "hi"})
+    );
+
+    // RFC 7240: other preferences are ignored; the smaller wait wins.
+    let preferred = api
+        .send(
+            api.request(Method::POST, "/v1/runs?wait=20")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("prefer", "respond-async, wait=10")
+                .body(Body::from(
+                    json!({"workflow": version, "input": {"text": "yo"}}).to_string(),
+                ))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(
+        preferred.ok(201)["output"],
+        json!({"said": "yo"}),
+        "{}",
+        preferred.text
+    );
+    assert_eq!(preferred.headers["preference-applied"], "wait=10");
+
+    // A run that stops to wait for a judge is an outcome too.
+    let judged = api.publish(JUDGED).await;
+    let waiting = api
+        .post("/v1/runs?wait=30", json!({"workflow": judged}))
+        .await;
+    assert_eq!(
+        waiting.ok(201)["status"],
+        "waiting_judgment",
+        "{}",
+        waiting.text
+    );
+
+    // No wait at all: the run goes on, answered `202` with its state, or
+    // it already stopped.
+    let quick = api
+        .post(
+            "/v1/runs?wait=0",
+            json!({"workflow": version, "input": {"text": "now"}}),
+        )
+        .await;
+    let id = quick.body["id"].as_str().expect("id").to_owned();
+    match quick.status.as_u16() {
+        202 => assert!(
+            matches!(quick.body["status"].as_str(), Some("running" | "queued")),
+            "{}",
+            quick.text
+        ),
+        201 => assert_eq!(quick.body["status"], "completed", "{}", quick.text),
+        other => panic!("{other}: {}", quick.text),
+    }
+    assert_eq!(api.settled(&id).await["output"], json!({"said": "now"}));
+
+    // A wait out of bounds, or not a number: refused, nothing written.
+    let before = api.stored().await;
+    api.post(
+        "/v1/runs?wait=301",
+        json!({"workflow": version, "input": {"text": "x"}}),
+    )
+    .await
+    .problem(400, "invalid-query");
+    let bad = api
+        .send(
+            api.request(Method::POST, "/v1/runs")
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("prefer", "wait=soon")
+                .body(Body::from(
+                    json!({"workflow": version, "input": {"text": "x"}}).to_string(),
+                ))
+                .expect("request"),
+        )
+        .await;
+    bad.problem(400, "invalid-query");
+    assert!(bad.text.contains("wait=soon"), "{}", bad.text);
+    assert_eq!(api.stored().await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_cancelled_while_it_waits_for_a_judge() {
     let api = api().await;
     let version = api.publish(JUDGED).await;

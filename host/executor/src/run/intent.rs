@@ -30,7 +30,7 @@
 
 use std::sync::Arc;
 
-use poimen_store::{IntentPhase, IntentRecord, RunStatus};
+use poimen_store::{Durability, IntentPhase, IntentRecord, RunStatus};
 use poimen_workflow::{EffectClass, StepDef, ToolRef};
 use serde_json::Value;
 use tracing::Instrument;
@@ -103,6 +103,11 @@ impl RunCtx {
             record,
             at: self.kernel.clock.now_ms(),
         };
+        // Nothing outside the result can come of an effect-free call (a
+        // pure component granted no network and no writable mount).
+        let free = pinned.workflow.is_none()
+            && pinned.effect == EffectClass::Pure
+            && self.kernel.tools.effect_free(&pinned.identity);
         let dispatched = || {
             Batch::intents(
                 Vec::new(),
@@ -153,16 +158,14 @@ impl RunCtx {
                     }));
                 }
                 crash_point("before_pending");
-                if pinned.workflow.is_none()
-                    && pinned.effect == EffectClass::Pure
-                    && self.kernel.tools.effect_free(&pinned.identity)
-                {
+                if free {
                     // Nothing outside the result can come of this call, so
                     // nothing is written ahead of it: `Pending` and
-                    // `Dispatched` ride with its outcome, in the commit that
-                    // makes the outcome durable. A crash before that commit
-                    // leaves no trace of the step, which is then made again
-                    // — all that making it again can do.
+                    // `Dispatched` ride with its outcome, and with it join
+                    // the run's unwritten tail (`Tail` in `run/mod.rs`),
+                    // written with the next commit that must be durable. A
+                    // crash before that leaves no trace of the step, which
+                    // is then made again — all that making it again can do.
                     self.defer_intents(vec![
                         intent(IntentPhase::Pending, None, None, None),
                         intent(IntentPhase::Dispatched, None, None, None),
@@ -293,9 +296,17 @@ impl RunCtx {
         )];
         let closed = vec![intent(phase, output_hash, error, Some(result.record))];
         if after == AfterCall::End {
-            self.defer_outcome(events, closed, Vec::new(), "after_committed");
+            self.defer_outcome(events, closed, Vec::new(), !free, "after_committed");
         } else {
-            self.commit(Batch::intents(events, closed)).await?;
+            // An effect-free call's outcome needs no fsync before its
+            // verifiers run: lost, it is only made again.
+            let durability = if free {
+                Durability::Buffered
+            } else {
+                Durability::Sync
+            };
+            self.commit(Batch::intents(events, closed).durability(durability))
+                .await?;
             crash_point("after_committed");
         }
         Ok(outcome.into_result().into())

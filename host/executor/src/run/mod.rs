@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use poimen_store::{
-    BlobHash, Commit, Durability, Fence, IntentPhase, IntentRecord, JudgmentWrite, RunId,
+    BlobHash, Commit, Durability, Fence, IntentPhase, IntentRecord, JudgmentWrite, NewEvent, RunId,
     RunStatus, RunUpdate, Store, StoreError,
 };
 use poimen_workflow::StepId;
@@ -397,6 +397,10 @@ pub(crate) struct RunCtx {
     /// Records the next commit of each lane carries ahead of its own (see
     /// [`Deferred`] and [`Lane`]).
     deferred: std::sync::Mutex<BTreeMap<Lane, Deferred>>,
+    /// Records applied to the live state and not yet written: the run's
+    /// effect-free work since its last written commit (see [`Tail`]).
+    /// Touched only under the state's lock.
+    tail: std::sync::Mutex<Tail>,
     /// The starter's trace context, for the run's span.
     pub trace: Option<crate::kernel::TraceCarrier>,
 }
@@ -444,6 +448,46 @@ struct Deferred {
     sync: bool,
     /// Crash-injection points reached once the carrying commit returns.
     crash_after: Vec<&'static str>,
+}
+
+/// Durability at effects, not at steps: the records of a commit that needs
+/// no durability — no status change, no judgment, nothing that asked for an
+/// fsync (an intent of a call that may have an effect, a model's request or
+/// answer, a child's link) — are applied to the live state at once and kept
+/// here, in order, instead of being written. The run's next commit that is
+/// written carries them ahead of its own records, in the same transaction:
+/// the episode stays one append-only log whose `seq`s run on without a gap.
+///
+/// What the tail holds is recomputable: the outcomes of effect-free calls
+/// (pure components granted no network and no writable mount), the steps'
+/// starts and ends around them, verdicts, the walk's own choices (a loop's
+/// iteration, a fork, a branch taken). A crash loses the tail and nothing
+/// else; recovery refolds the written episode and walks on from there,
+/// computing the lost steps again — all that computing them again can do.
+/// Nothing outside the run has seen a record of the tail: readers of the
+/// store see the episode as written, and the run's status changes only in
+/// a written commit. A call that may have an effect is preceded by its
+/// `Dispatched` intent, which is fsynced and so carries the tail before it:
+/// everything an effect could depend on is durable before the effect.
+///
+/// A bound keeps a long effect-free run from losing much to a crash: when
+/// the tail would hold `TailBound::events` events (`kernel.rs`), or its
+/// oldest record is `TailBound::ms` old, the commit is written (buffered)
+/// instead.
+///
+/// If a written commit fails, the tail it carried is in no store while the
+/// live state holds it: the context refuses every later commit (the drive
+/// stops; the run resumes from its written episode, as after a crash).
+#[derive(Debug, Default)]
+struct Tail {
+    events: Vec<NewEvent>,
+    intents: Vec<IntentRecord>,
+    blobs: Vec<Vec<u8>>,
+    /// When its oldest record was applied (the kernel's clock, ms).
+    since: Option<i64>,
+    /// A written commit carrying the tail failed: nothing may be written
+    /// after it (see above).
+    lost: bool,
 }
 
 /// A serial flow of a run's commits: the spine (the walk, and whatever it
@@ -522,11 +566,16 @@ impl RunCtx {
             state: tokio::sync::Mutex::new(Arc::new(state)),
             intents: std::sync::Mutex::new(phases),
             deferred: std::sync::Mutex::new(BTreeMap::new()),
+            tail: std::sync::Mutex::new(Tail::default()),
         })
     }
 
     fn deferred(&self) -> std::sync::MutexGuard<'_, BTreeMap<Lane, Deferred>> {
         self.deferred.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn tail(&self) -> std::sync::MutexGuard<'_, Tail> {
+        self.tail.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues events for the next commit of this task's lane (see
@@ -582,13 +631,15 @@ impl RunCtx {
     }
 
     /// Queues an effect's outcome (a tool call's, a model answer) for the
-    /// next commit of this task's lane, which is then fsynced (see
-    /// [`Deferred`]); `crash_after` is reached once it is.
+    /// next commit of this task's lane, which is then fsynced if `sync` (see
+    /// [`Deferred`]) — an effect-free call's is not, and may stay in the
+    /// tail ([`Tail`]); `crash_after` is reached once it is committed.
     fn defer_outcome(
         &self,
         events: Vec<EpisodeEvent>,
         intents: Vec<IntentRecord>,
         blobs: Vec<Vec<u8>>,
+        sync: bool,
         crash_after: &'static str,
     ) {
         let mut lanes = self.deferred();
@@ -596,7 +647,7 @@ impl RunCtx {
         d.events.extend(events);
         d.intents.extend(intents);
         d.blobs.extend(blobs);
-        d.sync = true;
+        d.sync |= sync;
         d.crash_after.push(crash_after);
     }
 
@@ -662,9 +713,12 @@ impl RunCtx {
         self.commit(Batch::events(events)).await
     }
 
-    /// Records one batch in one store commit — after what this task's lane
-    /// has queued — then applies its events to the live state. Nothing is
-    /// applied unless it was recorded.
+    /// Records one batch — after what this task's lane has queued — then
+    /// applies its events to the live state. A batch that needs no
+    /// durability joins the run's unwritten tail (see [`Tail`]); any other
+    /// is one store commit, carrying the tail ahead of its own records.
+    /// Nothing is applied unless it was recorded (written, or held in the
+    /// tail).
     pub async fn commit(&self, batch: Batch) -> Result<(), CommitError> {
         let mut state = self.state.lock().await;
         let at = self.kernel.clock.now_ms();
@@ -691,9 +745,47 @@ impl RunCtx {
             .map(|i| ((i.step.clone(), i.iteration, i.attempt), i.phase))
             .collect();
         batch.intents = intents;
+        let needs_write = batch.durability == Durability::Sync
+            || batch.update.is_some()
+            || !batch.judgments.is_empty();
         let fence = Some(self.tenure.fence());
-        let (commit, recorded) = store_commit(&self.run, fence, first, at, events, batch);
-        self.store.commit(commit).await?;
+        let (mut commit, recorded) = store_commit(&self.run, fence, first, at, events, batch);
+        let mut tail = std::mem::take(&mut *self.tail());
+        if tail.lost {
+            *self.tail() = tail;
+            return Err(CommitError::Store(StoreError::InvalidCommit {
+                run: self.run.clone(),
+                detail: "an earlier write of this run failed, and the effect-free records it carried are in no store: this drive stops here, and the run resumes from its written episode".into(),
+            }));
+        }
+        let held = !needs_write
+            && self.kernel.config.tail.holds(
+                tail.events.len() + commit.events.len(),
+                tail.since.or(Some(at)),
+                at,
+            );
+        if held {
+            tail.since.get_or_insert(at);
+            tail.events.append(&mut commit.events);
+            tail.intents.append(&mut commit.intents);
+            tail.blobs.append(&mut commit.blobs);
+            *self.tail() = tail;
+        } else {
+            if !tail.events.is_empty() || !tail.intents.is_empty() {
+                tail.events.append(&mut commit.events);
+                commit.events = tail.events;
+                tail.intents.append(&mut commit.intents);
+                commit.intents = tail.intents;
+                tail.blobs.append(&mut commit.blobs);
+                commit.blobs = tail.blobs;
+            }
+            if let Err(e) = self.store.commit(commit).await {
+                if tail.since.is_some() {
+                    self.tail().lost = true;
+                }
+                return Err(e.into());
+            }
+        }
         let live = Arc::make_mut(&mut state);
         for r in &recorded {
             live.apply(r)?;
@@ -704,6 +796,9 @@ impl RunCtx {
             for (key, phase) in phases_of {
                 phases.entry(key).or_default().push(phase);
             }
+        }
+        if held {
+            crash_point("with_unwritten_tail");
         }
         for point in deferred.crash_after {
             crash_point(point);

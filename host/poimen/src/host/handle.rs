@@ -100,6 +100,51 @@ impl RunHandle {
         }
     }
 
+    /// Waits up to `within` for this host's task driving the run to stop
+    /// (completed, failed, cancelled, waiting or blocked) and returns the
+    /// run's stored record and its output, read once; `None` if it has not
+    /// stopped by then (the run goes on), or if no task of this host drives
+    /// it. The one-request start of the HTTP API (`POST /v1/runs?wait=`)
+    /// answers with this: the record is read after the run's final commit,
+    /// so what it says is durable.
+    pub async fn stopped_within(
+        &self,
+        within: std::time::Duration,
+    ) -> Result<Option<(RunRecord, Option<serde_json::Value>)>, Error> {
+        let Some(rx) = &self.driver else {
+            return Ok(None);
+        };
+        let mut rx = rx.clone();
+        let driven = match tokio::time::timeout(within, rx.wait_for(Option::is_some)).await {
+            Err(_) => return Ok(None),
+            Ok(d) => d.map(|d| d.clone()),
+        };
+        let outcome = match driven {
+            Ok(Some(Ok(outcome))) => outcome,
+            Ok(Some(Err(cause))) => {
+                return Err(Error::Driver {
+                    run: self.id.clone(),
+                    cause,
+                });
+            }
+            Ok(None) => return Ok(None),
+            Err(_) => {
+                return Err(Error::DriverDied {
+                    run: self.id.clone(),
+                });
+            }
+        };
+        let rec = self.host.inner.executor().status(&self.id).await?;
+        // The output the driver saw is the stored one unless the run moved
+        // on since (an answer, a cancel): then the store says.
+        let output = if rec.status == outcome.status {
+            outcome.output
+        } else {
+            self.host.status(&self.id).await?.1.output
+        };
+        Ok(Some((rec, output)))
+    }
+
     /// Cancels the run (recorded in its episode; a host driving it stops
     /// at its next step or heartbeat) and returns its record.
     pub async fn cancel(&self) -> Result<RunRecord, Error> {

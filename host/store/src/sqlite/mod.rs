@@ -515,9 +515,20 @@ impl Store for SqliteStore {
         self.read(move |c, p| ops::blob(c, p, &h)).await
     }
 
+    /// A run created with a lease is written without an fsync: only its
+    /// creator knows of it until the creator commits the run's start, and
+    /// the next fsync of the WAL (which is written in order) makes the
+    /// creation durable before anything after it. A crash of the machine
+    /// before then loses a run nobody else has seen. A run created without
+    /// one (any host may claim it) is fsynced before this returns.
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun> {
+        let durability = if new.lease.is_some() {
+            Durability::Buffered
+        } else {
+            Durability::Sync
+        };
         let created = self
-            .write(Durability::Sync, move |tx, p| ops::create_run(tx, p, new))
+            .write(durability, move |tx, p| ops::create_run(tx, p, new))
             .await?;
         if let CreateRun::Created(r) = &created
             && r.lease.is_none()
@@ -631,9 +642,12 @@ impl Store for SqliteStore {
         .await
     }
 
+    /// Written without an fsync: a release lost to a crash of the machine
+    /// only leaves the lease to expire (a terminal run's lease holds
+    /// nothing; another host takes a run it held over once it expires).
     async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
         let lease = lease.clone();
-        self.write(Durability::Sync, move |tx, p| {
+        self.write(Durability::Buffered, move |tx, p| {
             ops::release_lease(tx, p, &lease)
         })
         .await?;

@@ -152,6 +152,7 @@ impl RunCtx {
                                 vec![called],
                                 Vec::new(),
                                 blobs,
+                                true,
                                 "after_model_committed",
                             );
                         } else {
