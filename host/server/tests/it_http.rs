@@ -130,6 +130,18 @@ impl Api {
         self.post_raw(uri, &body.to_string()).await
     }
 
+    /// [`post`](Self::post) with a `Prefer` header (RFC 7240).
+    async fn post_preferring(&self, uri: &str, prefer: &str, body: Value) -> Reply {
+        self.send(
+            self.request(Method::POST, uri)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("prefer", prefer)
+                .body(Body::from(body.to_string()))
+                .expect("request"),
+        )
+        .await
+    }
+
     async fn post_raw(&self, uri: &str, body: &str) -> Reply {
         self.send(
             self.request(Method::POST, uri)
@@ -511,14 +523,10 @@ async fn one_request_starts_a_run_and_answers_with_its_outcome() {
 
     // RFC 7240: other preferences are ignored; the smaller wait wins.
     let preferred = api
-        .send(
-            api.request(Method::POST, "/v1/runs?wait=20")
-                .header(header::CONTENT_TYPE, "application/json")
-                .header("prefer", "respond-async, wait=10")
-                .body(Body::from(
-                    json!({"workflow": version, "input": {"text": "yo"}}).to_string(),
-                ))
-                .expect("request"),
+        .post_preferring(
+            "/v1/runs?wait=20",
+            "respond-async, wait=10",
+            json!({"workflow": version, "input": {"text": "yo"}}),
         )
         .await;
     assert_eq!(
@@ -570,14 +578,10 @@ async fn one_request_starts_a_run_and_answers_with_its_outcome() {
     .await
     .problem(400, "invalid-query");
     let bad = api
-        .send(
-            api.request(Method::POST, "/v1/runs")
-                .header(header::CONTENT_TYPE, "application/json")
-                .header("prefer", "wait=soon")
-                .body(Body::from(
-                    json!({"workflow": version, "input": {"text": "x"}}).to_string(),
-                ))
-                .expect("request"),
+        .post_preferring(
+            "/v1/runs",
+            "wait=soon",
+            json!({"workflow": version, "input": {"text": "x"}}),
         )
         .await;
     bad.problem(400, "invalid-query");
