@@ -1112,10 +1112,14 @@ async fn serve(
     grace: Duration,
     http: Option<HttpListener>,
 ) -> Result<u8> {
+    // One bound on runs at once for the serving loop and the API's
+    // one-request starts, which drive their runs here at once.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(runs));
     let opts = poimen::executor::ServeOptions {
         workers: runs,
         poll,
         grace,
+        slots: Some(slots.clone()),
     };
     let sched = host.scheduler();
     eprintln!(
@@ -1142,10 +1146,14 @@ async fn serve(
                 }
             );
             // Runs started over HTTP go through this host's serving loop
-            // (and its `--max-runs`), like runs started by `poimen start`.
-            let app =
-                poimen_server::app(std::sync::Arc::new(host.clone()), config.queue_starts(true))
-                    .layer(axum::middleware::from_fn(crate::telemetry::trace_context));
+            // (and its `--max-runs`), like runs started by `poimen start`;
+            // one started with a wait is driven here at once when one of
+            // the loop's slots is free, else queued for the loop too.
+            let app = poimen_server::app(
+                std::sync::Arc::new(host.clone()),
+                config.queue_starts(true).run_slots(slots.clone()),
+            )
+            .layer(axum::middleware::from_fn(crate::telemetry::trace_context));
             let mut stopped = stopped.clone();
             // A response's last bytes go out at once, not after the
             // client's delayed ACK (Nagle held a finished run's event

@@ -145,6 +145,24 @@ pub(crate) fn recover(env: &Env) -> Value {
     out
 }
 
+/// The output `workflow` ends with on `{"n": 1}` when nothing crashes.
+fn uncrashed_output(workflow: &str) -> Value {
+    let clean = Env::new();
+    let wf = setup(&clean, workflow);
+    let (code, out) = clean.json(&[
+        "--policy",
+        "policy.toml",
+        "run",
+        wf.to_str().expect("utf8"),
+        "--input",
+        r#"{"n": 1}"#,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let expected = status(&clean, out["run"].as_str().expect("run id"))["state"]["output"].clone();
+    assert!(!expected.is_null(), "{out}");
+    expected
+}
+
 fn status(env: &Env, run: &str) -> Value {
     env.json(&["status", run]).1
 }
@@ -297,23 +315,10 @@ fn crash_with_an_unwritten_effect_free_tail() {
     // that tail and nothing else: the run ends with the output
     // an uncrashed run gives, the effect made once, `before` recorded
     // once, the episode refolding.
-    let clean = Env::new();
-    let wf = setup(
-        &clean,
-        &effect_workflow("ledger@^0.1", r#"{entry: {n: "{{ inputs.n }}"}}"#),
-    );
-    let (code, out) = clean.json(&[
-        "--policy",
-        "policy.toml",
-        "run",
-        wf.to_str().expect("utf8"),
-        "--input",
-        r#"{"n": 1}"#,
-    ]);
-    assert_eq!(code, 0, "{out}");
-    let run = out["run"].as_str().expect("run id").to_owned();
-    let expected = status(&clean, &run)["state"]["output"].clone();
-    assert!(!expected.is_null(), "{out}");
+    let expected = uncrashed_output(&effect_workflow(
+        "ledger@^0.1",
+        r#"{entry: {n: "{{ inputs.n }}"}}"#,
+    ));
     for nth in 1..=3 {
         let env = Env::new();
         let wf = setup(
@@ -411,6 +416,71 @@ steps:
     let st = status(&env, &run);
     assert_eq!(st["run"]["status"], json!("completed"), "{st}");
     assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1);
+    check_consistent(&env, &run);
+}
+
+#[test]
+fn crash_between_a_one_request_run_and_its_answer() {
+    // Issue 44: `POST /v1/runs?wait=` answers after the run's final
+    // commit. A host killed between that commit and its answer leaves a
+    // run that ended and a caller with no answer; the caller's retry under
+    // the same idempotency key, on the next host, is answered with that
+    // run — its id, its output, the effect made once, the episode
+    // refolding.
+    let workflow = effect_workflow("ledger@^0.1", r#"{entry: {n: "{{ inputs.n }}"}}"#);
+    let expected = uncrashed_output(&workflow);
+
+    let env = Env::new();
+    setup(&env, &workflow);
+    let global = ["--policy", "policy.toml"];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let run = rt.block_on(async {
+        let http = reqwest::Client::new();
+        let body = |version: &str| {
+            json!({"workflow": version, "input": {"n": 1}, "idempotency_key": "one-request"})
+        };
+        let (served, api) =
+            crate::http::serve_http_with(&env, &global, &[], &[("POIMEN_CRASH_AT", "before_answer")]);
+        let version = crate::http::publish(&http, &api, &workflow).await;
+        let first = tokio::spawn(
+            http.post(format!("{api}/runs?wait=60"))
+                .bearer_auth("e2e-token")
+                .json(&body(&version))
+                .send(),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !served.log().contains("crash point `before_answer` reached") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the crash point was never reached:\n{}",
+                served.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        served.signal("-KILL");
+        drop(served);
+        let unanswered = first.await.expect("the request task");
+        assert!(unanswered.is_err(), "the killed host answered: {unanswered:?}");
+
+        let (served, api) = crate::http::serve_http(&env, &global, &[]);
+        let again = http
+            .post(format!("{api}/runs?wait=60"))
+            .bearer_auth("e2e-token")
+            .json(&body(&version))
+            .send()
+            .await
+            .expect("the retry");
+        assert_eq!(again.status(), 201, "{}", served.log());
+        let answer: Value = again.json().await.expect("JSON");
+        assert_eq!(answer["status"], json!("completed"), "{answer}");
+        assert_eq!(answer["output"], expected, "{answer}");
+        answer["id"].as_str().expect("id").to_owned()
+    });
+    assert_eq!(ledger_lines(&env, "ledger.jsonl"), 1, "the effect once");
+    assert_eq!(status(&env, &run)["state"]["output"], expected);
     check_consistent(&env, &run);
 }
 

@@ -21,6 +21,16 @@ output: "{{ steps.echo.output }}"
 /// `poimen serve --http 127.0.0.1:0 --token-file token`; its base URL,
 /// read from the line it logs once it listens.
 pub(crate) fn serve_http(env: &Env, global: &[&str], serve: &[&str]) -> (Served, String) {
+    serve_http_with(env, global, serve, &[])
+}
+
+/// [`serve_http`] with environment variables `vars` set for the server.
+pub(crate) fn serve_http_with(
+    env: &Env,
+    global: &[&str],
+    serve: &[&str],
+    vars: &[(&str, &str)],
+) -> (Served, String) {
     env.write("token", "e2e-token\n");
     let log = env.path().join("http.log");
     let file = std::fs::File::create(&log).expect("log file");
@@ -31,6 +41,7 @@ pub(crate) fn serve_http(env: &Env, global: &[&str], serve: &[&str]) -> (Served,
         .args(serve)
         .args(["--host-id", "http", "--poll", "20ms"])
         .args(["--http", "127.0.0.1:0", "--token-file", "token"])
+        .envs(vars.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(file)
         .spawn()
@@ -165,7 +176,9 @@ const SPIN: &str =
 
 /// `poimen serve --max-runs 1`: runs started over HTTP are queued for the
 /// serving loop, which drives one at a time — they never run side by side,
-/// as they would if the API drove each in a task of its own.
+/// as they would if the API drove each in a task of its own. A start that
+/// waits for its run (`?wait=`) takes the same one slot to drive it at
+/// once, or waits for the loop when the slot is taken: still one at a time.
 #[test]
 fn runs_started_over_http_wait_for_the_serving_loop_and_its_max_runs() {
     let env = Env::new();
@@ -184,8 +197,8 @@ fn runs_started_over_http_wait_for_the_serving_loop_and_its_max_runs() {
     rt.block_on(async {
         let http = reqwest::Client::new();
         let version = publish(&http, &base, SPIN).await;
-        let starts = (0..3).map(|_| {
-            http.post(format!("{base}/runs"))
+        let starts = ["", "?wait=30", "?wait=30", ""].map(|wait| {
+            http.post(format!("{base}/runs{wait}"))
                 .bearer_auth("e2e-token")
                 .json(&json!({"workflow": version, "input": {}}))
                 .send()

@@ -23,6 +23,9 @@ pub const CRASH_POINTS: &[&str] = &[
     "after_child_requested",
     "after_child_created",
     "with_unwritten_tail",
+    // The HTTP API's one-request start: the run stopped (durably), its
+    // answer not yet sent.
+    "before_answer",
 ];
 
 /// Marks an injection point.

@@ -33,6 +33,11 @@ pub mod state;
 pub mod testing;
 
 pub use crash::CRASH_POINTS;
+/// The crash matrix's injection points, for the crates above the executor
+/// that hold one (the HTTP API's `before_answer`); a no-op unless built
+/// with the `crash-points` feature.
+#[doc(hidden)]
+pub use crash::crash_point;
 pub use effects::{
     Clock, Contract, Failure, FailureClass, JsonType, ModelProvider, ModelRequest, ModelResponse,
     SystemClock, ToolCall, ToolHost, ToolIdentity, ToolResult, Usage, Verdict, VerifierCall,

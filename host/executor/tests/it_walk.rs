@@ -868,6 +868,109 @@ async fn walk_judgment_pauses_until_answered() {
     k.check_refold(&out).await;
 }
 
+/// An answered judgment (or a reconciled call) makes its run runnable
+/// again, and the host that wrote it drives it on: a serving loop of the
+/// same host woken by that write finds nothing to claim, so the run has one
+/// driver — two would fence each other, and the second would block on the
+/// first's open call.
+#[tokio::test]
+async fn walk_an_answered_run_is_held_by_its_resumer_not_claimed_in_between() {
+    let claimed: Arc<std::sync::Mutex<Vec<poimen_store::RunId>>> = Arc::default();
+    let config = ExecutorConfig::default();
+    let interloper = Some((config.host_id.clone(), claimed.clone()));
+    let (k, _) = counted_kernel_over(config, None, interloper);
+    let def = WorkflowDef::new("t.judge.held")
+        .with_step(StepDef::judgment("ok", "Go?", json!({"type": "boolean"})))
+        .with_step(StepDef::tool(
+            "a",
+            r("once"),
+            json!({"go": "{{ steps.ok.output }}"}),
+        ))
+        .with_edge("ok", "a");
+    let out = k.run(&def, json!({})).await;
+    assert_eq!(out.status, RunStatus::WaitingJudgment);
+    let j = k.exec.open_judgments().await.expect("judgments").remove(0);
+    let out = k
+        .exec
+        .submit_judgment(
+            j.id.as_str(),
+            JudgmentSubmission {
+                request_hash: j.request_hash.clone(),
+                result: json!(true),
+                executor: None,
+                profile: None,
+                provenance: json!({"judge": "test"}),
+            },
+        )
+        .await
+        .expect("answered");
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    assert_eq!(
+        *claimed.lock().expect("claims"),
+        Vec::<poimen_store::RunId>::new(),
+        "a serving loop claimed the run between the answer and its drive"
+    );
+    k.check_refold(&out).await;
+}
+
+/// A serving loop sharing its slots for runs at once with the API's
+/// waited starts holds a slot only while it drives a run with it: idle, it
+/// leaves every slot to others; with none free it claims nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_a_loop_sharing_its_slots_holds_only_those_it_drives_with() {
+    let k = kernel();
+    let slots = Arc::new(tokio::sync::Semaphore::new(2));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let exec = k.exec.clone();
+    let opts = poimen_executor::ServeOptions {
+        workers: 2,
+        poll: Duration::from_millis(5),
+        grace: Duration::from_secs(5),
+        slots: Some(slots.clone()),
+    };
+    let serving = tokio::spawn(async move {
+        exec.serve(opts, async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    // As the API takes a slot: without waiting for one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let all = loop {
+        if let Ok(all) = slots.clone().try_acquire_many_owned(2) {
+            break all;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an idle loop leaves its slots to others"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let def = WorkflowDef::new("t.slots").with_step(StepDef::tool("a", r("echo"), json!({"x": 1})));
+    let queued = k
+        .exec
+        .enqueue(k.add(&def), json!({}), StartOptions::default())
+        .await
+        .expect("enqueued");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let rec = k.exec.status(&queued.run).await.expect("status");
+    assert_eq!(rec.status, RunStatus::Queued, "claimed with no slot free");
+    drop(all);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let rec = k.exec.status(&queued.run).await.expect("status");
+        if rec.status == RunStatus::Completed {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{rec:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    let report = serving.await.expect("the loop").expect("served");
+    assert_eq!(report.driven, 1);
+    assert_eq!(slots.available_permits(), 2, "every slot back");
+}
+
 #[tokio::test]
 async fn walk_sub_workflow_links_both_ways() {
     let k = kernel();
@@ -1993,6 +2096,10 @@ struct CountingStore {
     log: Log,
     /// Commits still to pass before one is refused (`Busy`), if any.
     refuse_after: std::sync::Mutex<Option<usize>>,
+    /// When set, a serving loop of the same host (`host_id`) asks for
+    /// claimable runs right after every commit that resumes a run, as a
+    /// loop woken by that write would: what it claimed.
+    interloper: Option<(String, Arc<std::sync::Mutex<Vec<poimen_store::RunId>>>)>,
 }
 
 impl CountingStore {
@@ -2130,9 +2237,19 @@ impl Store for CountingStore {
                 None => {}
             }
         }
+        let resumed = commit
+            .run_update
+            .as_ref()
+            .filter(|_| commit.events.iter().any(|e| e.kind == "run_resumed"))
+            .map(|u| u.updated_at);
         let r = self.inner.commit(commit).await;
         if r.is_ok() {
             push(&self.log, entry);
+        }
+        if let (Some(now), Some((host, claimed))) = (resumed, &self.interloper) {
+            let got = self.inner.claim_runnable(host, now, 30_000, 8).await?;
+            let mut claimed = claimed.lock().unwrap_or_else(|p| p.into_inner());
+            claimed.extend(got.into_iter().map(|(r, _)| r.id));
         }
         r
     }
@@ -2196,6 +2313,10 @@ impl Store for CountingStore {
     async fn release_lease(&self, lease: &poimen_store::Lease) -> poimen_store::StoreResult<()> {
         let r = self.inner.release_lease(lease).await;
         self.wrote("release_lease", r)
+    }
+    async fn sync(&self) -> poimen_store::StoreResult<()> {
+        let r = self.inner.sync().await;
+        self.wrote("sync", r)
     }
     async fn runs_owned_by(
         &self,
@@ -2298,12 +2419,24 @@ fn counted_kernel_with(config: ExecutorConfig) -> (Kernel, Log) {
 /// [`counted_kernel_with`], its store refusing the commit after the first
 /// `refuse_after` (once).
 fn counted_kernel_refusing(config: ExecutorConfig, refuse_after: Option<usize>) -> (Kernel, Log) {
+    counted_kernel_over(config, refuse_after, None)
+}
+
+/// [`counted_kernel_refusing`], with a serving loop of the same host
+/// claiming after every resuming commit when `interloper` is set (see
+/// [`CountingStore::interloper`]).
+fn counted_kernel_over(
+    config: ExecutorConfig,
+    refuse_after: Option<usize>,
+    interloper: Option<(String, Arc<std::sync::Mutex<Vec<poimen_store::RunId>>>)>,
+) -> (Kernel, Log) {
     let log: Log = Arc::default();
     let memory = Arc::new(MemoryStore::new());
     let store = Arc::new(CountingStore {
         inner: memory.clone(),
         log: log.clone(),
         refuse_after: std::sync::Mutex::new(refuse_after),
+        interloper,
     });
     let tools = Arc::new(counted_tools(&log));
     let loader = MemoryLoader::new();
@@ -2715,11 +2848,17 @@ fn chain_of(tools: [&str; 3]) -> WorkflowDef {
 async fn durable_an_effect_free_run_is_written_at_its_start_and_its_end() {
     // Issue 44: three effect-free steps make no commit of their own; the
     // run is written when it starts and when it ends, the end carrying
-    // every step's records in one fsynced commit.
+    // every step's records in one fsynced commit — the only fsync of the
+    // run: its caller waits for it, so its start (and its creation) are
+    // made durable by the end.
     let log = counted_log(&chain_of(["free", "free", "free"]), None).await;
     let commits = run_commits(&log);
-    assert_eq!(commits.len(), 2, "{log:#?}");
-    assert!(commits.iter().all(|(sync, _)| *sync), "{log:#?}");
+    let synced: Vec<bool> = commits.iter().map(|(sync, _)| *sync).collect();
+    assert_eq!(synced, [false, true], "{log:#?}");
+    assert!(
+        !log.iter().any(|e| matches!(e, Logged::Write("sync"))),
+        "{log:#?}"
+    );
     let last = log
         .iter()
         .rev()
@@ -2733,10 +2872,61 @@ async fn durable_an_effect_free_run_is_written_at_its_start_and_its_end() {
 }
 
 #[tokio::test]
+async fn durable_a_run_whose_id_is_out_before_it_stops_has_its_start_fsynced() {
+    // `start` hands the run's id back before the run is driven: its start
+    // is fsynced before it returns. One started for a waiting caller is
+    // not, until the caller makes it durable (or the run stops).
+    let (k, log) = counted_kernel();
+    let def = chain_of(["free", "free", "free"]);
+    let runnable = k.add(&def);
+    let handed = k
+        .exec
+        .start(runnable.clone(), json!({"n": 1}), StartOptions::default())
+        .await
+        .expect("start");
+    let waited = k
+        .exec
+        .start(
+            runnable,
+            json!({"n": 2}),
+            StartOptions {
+                waited: true,
+                ..StartOptions::default()
+            },
+        )
+        .await
+        .expect("start");
+    k.exec.make_durable(&waited.run).await.expect("durable");
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let starts: Vec<(&poimen_store::RunId, bool)> = log
+        .iter()
+        .filter_map(|e| match e {
+            Logged::Commit { run, sync, .. } => Some((run, *sync)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        [(&handed.run, true), (&waited.run, false)],
+        "{log:#?}"
+    );
+    assert!(
+        matches!(log.last(), Some(Logged::Write("sync"))),
+        "the waited start made durable: {log:#?}"
+    );
+    for s in [handed, waited] {
+        let out = k.exec.drive_started(s).await.expect("driven");
+        assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+        k.check_refold(&out).await;
+    }
+}
+
+#[tokio::test]
 async fn durable_an_effect_between_effect_free_steps_costs_its_two_fsyncs_and_no_more() {
     // The middle step may have an effect: its `Dispatched` (carrying the
     // first step's records) and its outcome are fsynced; the last step
-    // rides in the run's end. Start, two for the effect, end.
+    // rides in the run's end. Start (made durable by the effect's first
+    // fsync), two for the effect, end.
     for tool in ["pure", "idempotent", "once"] {
         let def = chain_of(["free", tool, "free"]);
         let log = assert_costs(
@@ -2747,15 +2937,17 @@ async fn durable_an_effect_between_effect_free_steps_costs_its_two_fsyncs_and_no
         .await;
         let commits = run_commits(&log);
         assert_eq!(commits.len(), 4, "{tool}: {log:#?}");
-        assert!(commits.iter().all(|(sync, _)| *sync), "{tool}: {log:#?}");
+        let synced: Vec<bool> = commits.iter().map(|(sync, _)| *sync).collect();
+        assert_eq!(synced, [false, true, true, true], "{tool}: {log:#?}");
     }
 }
 
 #[tokio::test]
 async fn durable_a_long_effect_free_run_is_written_at_the_tail_bound() {
     // With a bound of 4 events the tail is written, buffered, whenever it
-    // would reach it: no written commit but the run's start and end is
-    // fsynced, and the run still ends with every step recorded once.
+    // would reach it: no written commit but the run's end is fsynced (its
+    // caller waits, so not its start either), and the run still ends with
+    // every step recorded once.
     let config = ExecutorConfig {
         tail: TailBound {
             events: 4,
@@ -2772,7 +2964,7 @@ async fn durable_a_long_effect_free_run_is_written_at_the_tail_bound() {
     assert!(commits.len() > 2, "the bound wrote the tail: {log:#?}");
     let (first, rest) = commits.split_first().expect("commits");
     let (last, middle) = rest.split_last().expect("an end");
-    assert!(first.0 && last.0, "start and end are fsynced: {commits:?}");
+    assert!(!first.0 && last.0, "the end alone is fsynced: {commits:?}");
     assert!(middle.iter().all(|(sync, _)| !*sync), "{commits:?}");
     assert_eq!(k.tools.calls().len(), 3);
 }

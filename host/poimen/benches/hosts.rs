@@ -157,6 +157,7 @@ async fn throughput(stores: Vec<Arc<dyn Store>>, cache: &Path, total: u64, tag: 
             workers: 64 / hosts,
             poll: Duration::from_millis(5),
             grace: Duration::from_secs(30),
+            slots: None,
         };
         tasks.push(tokio::spawn(async move {
             exec.serve(opts, async move {

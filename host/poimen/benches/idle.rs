@@ -146,6 +146,7 @@ async fn serve(dir: &Path) {
                     workers: 8,
                     poll: Duration::from_millis(100),
                     grace: Duration::from_secs(5),
+                    slots: None,
                 },
                 async {
                     let _ = stopped.await;

@@ -394,6 +394,10 @@ impl Store for Observed {
         self.inner.wait_for_work(within).await;
     }
 
+    async fn sync(&self) -> StoreResult<()> {
+        self.inner.sync().await
+    }
+
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
         self.inner.runs_owned_by(owner).await
     }

@@ -535,6 +535,7 @@ impl RunOptions {
                 .map(poimen_executor::TenantId)
                 .unwrap_or_default(),
             trace: self.trace,
+            waited: false,
         }
     }
 }
@@ -938,13 +939,40 @@ impl Host {
         input: Value,
         opts: RunOptions,
     ) -> Result<RunHandle, Error> {
+        self.start_driven(target, input, opts.into_start()).await
+    }
+
+    /// [`start`](Self::start) for a caller that waits for the run to stop
+    /// before it tells anyone of it (the one-request start of the HTTP
+    /// API): the run's start is made durable with its next durable commit
+    /// rather than before this returns, so a run with nothing in between
+    /// that must be durable costs one fsync
+    /// ([`StartOptions::waited`](poimen_executor::StartOptions::waited)).
+    /// Hand the run's id out only after [`RunHandle::stopped_within`] has
+    /// returned: if the run has not stopped by then, it makes the start
+    /// durable first.
+    pub async fn start_waiting(
+        &self,
+        target: &Target,
+        input: Value,
+        opts: RunOptions,
+    ) -> Result<RunHandle, Error> {
+        let opts = StartOptions {
+            waited: true,
+            ..opts.into_start()
+        };
+        Ok(self.start_driven(target, input, opts).await?.deferred())
+    }
+
+    async fn start_driven(
+        &self,
+        target: &Target,
+        input: Value,
+        opts: StartOptions,
+    ) -> Result<RunHandle, Error> {
         let v = self.prepare_run(target).await?;
         let runnable = self.inner.wiring.loader.runnable(v);
-        let started = self
-            .inner
-            .executor()
-            .start(runnable, input, opts.into_start())
-            .await?;
+        let started = self.inner.executor().start(runnable, input, opts).await?;
         let exec = self.inner.executor().clone();
         let id = started.run.clone();
         let (tx, rx) = tokio::sync::watch::channel::<Driven>(None);

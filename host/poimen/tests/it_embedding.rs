@@ -34,6 +34,8 @@ struct CountingStore {
     inner: MemoryStore,
     commits: AtomicU64,
     events: AtomicU64,
+    /// Calls of `sync` (everything written made durable).
+    syncs: AtomicU64,
     fail_run_reads: AtomicBool,
     /// Another host racing this one: before every commit it claims what
     /// runs it can (and keeps what it got here).
@@ -163,6 +165,10 @@ impl Store for CountingStore {
     async fn release_lease(&self, l: &Lease) -> StoreResult<()> {
         self.inner.release_lease(l).await
     }
+    async fn sync(&self) -> StoreResult<()> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        self.inner.sync().await
+    }
     async fn wait_for_work(&self, within: Duration) {
         self.inner.wait_for_work(within).await;
     }
@@ -291,6 +297,75 @@ async fn until_stopped(handle: &poimen::RunHandle) -> poimen::RunOutcome {
 
 // ------------------------------------------------------------------ tests
 
+/// A run started for a caller that waits (`POST /v1/runs?wait=`) has a
+/// start that is durable only with its next durable commit. One that
+/// stops in time made its stop durable; one that has not is made durable
+/// before `stopped_within` returns, so its id can be handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_waiting_is_durable_before_its_id_leaves_the_host() {
+    let env = Env::new();
+    let store = Arc::new(CountingStore::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let host = Host::builder()
+        .shared_store(store.clone())
+        .models(GatedModel(gate.clone()))
+        .build()
+        .await
+        .expect("host");
+    let asks = env.write(
+        "asks.yaml",
+        r#"id: service.asks
+steps:
+  - id: ask
+    model: {prompt: "Label {{ inputs.n }}", format: json}
+output: "{{ steps.ask.output }}"
+"#,
+    );
+    let wf = env.write(
+        "pass.yaml",
+        r#"id: service.pass
+steps:
+  - id: pass
+    tool: {name: "json@^0.1", args: {value: {n: "{{ inputs.n }}"}, select: ""}}
+output: "{{ steps.pass.output }}"
+"#,
+    );
+    let syncs = || store.syncs.load(Ordering::SeqCst);
+    // The model answers only when the gate opens: the run has not stopped
+    // when the wait is over.
+    let early = host
+        .start_waiting(&Target::File(asks), json!({"n": 1}), Default::default())
+        .await
+        .expect("start");
+    assert_eq!(syncs(), 0, "nothing is made durable at the start itself");
+    let stopped = early
+        .stopped_within(Duration::from_millis(200))
+        .await
+        .expect("waited");
+    assert!(stopped.is_none(), "{stopped:?}");
+    assert_eq!(
+        syncs(),
+        1,
+        "a run not stopped is made durable before its id is out"
+    );
+    gate.add_permits(1);
+    let out = until_stopped(&early).await;
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+
+    let in_time = host
+        .start_waiting(&Target::File(wf), json!({"n": 2}), Default::default())
+        .await
+        .expect("start");
+    let (rec, output) = in_time
+        .stopped_within(Duration::from_secs(60))
+        .await
+        .expect("waited")
+        .expect("stopped in time");
+    assert_eq!(rec.status, RunStatus::Completed);
+    assert_eq!(output, Some(json!({"n": 2})));
+    assert_eq!(syncs(), 1, "a run that stopped made its own stop durable");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_supplies_its_store_models_clock_and_policy() {
     let env = Env::new();
@@ -367,6 +442,31 @@ steps:
 
 /// A `ModelProvider` shared with the test (the builder takes one by value).
 struct SharedModel(Arc<ScriptedModel>);
+
+/// A model that answers once a permit of its gate is there.
+struct GatedModel(Arc<tokio::sync::Semaphore>);
+
+#[async_trait]
+impl ModelProvider for GatedModel {
+    fn provider(&self) -> &str {
+        "service-gated"
+    }
+    fn default_model(&self) -> &str {
+        "gated-1"
+    }
+    async fn complete(&self, _: ModelRequest) -> Result<ModelResponse, Failure> {
+        let permit = self.0.acquire().await;
+        drop(permit);
+        Ok(ModelResponse {
+            text: json!({"label": "gated"}).to_string(),
+            model: "gated-1".into(),
+            usage: Usage {
+                tokens_in: 1,
+                tokens_out: 1,
+            },
+        })
+    }
+}
 
 #[async_trait]
 impl ModelProvider for SharedModel {
@@ -605,6 +705,7 @@ async fn a_queued_run_continues_the_trace_its_starter_recorded() {
                     workers: 2,
                     poll: Duration::from_millis(20),
                     grace: Duration::from_secs(5),
+                    slots: None,
                 },
                 async move {
                     let _ = stopped.await;

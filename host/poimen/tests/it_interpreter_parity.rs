@@ -1726,6 +1726,9 @@ impl Store for Noting {
     async fn release_lease(&self, lease: &poimen_store::Lease) -> poimen_store::StoreResult<()> {
         self.inner.release_lease(lease).await
     }
+    async fn sync(&self) -> poimen_store::StoreResult<()> {
+        self.inner.sync().await
+    }
     async fn runs_owned_by(
         &self,
         owner: &str,
@@ -1851,7 +1854,8 @@ async fn interpreter_durable_effect_free_tool_steps_ride_in_the_runs_end() {
     // step's end are held in the run's unwritten tail (docs/store.md,
     // "Durable at effects") and ride in the run's end, one fsynced commit.
     // A verified step's outcome and verdicts are held the same way. The
-    // run is two commits: its start and its end.
+    // run is two commits, its start and its end, and one fsync: its caller
+    // waits for it, so its start is made durable by its end.
     let (h, noting) = noting_harness(vec![]).await;
     let step = |id: &str| {
         StepDef::tool(
@@ -1870,11 +1874,12 @@ async fn interpreter_durable_effect_free_tool_steps_ride_in_the_runs_end() {
     assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
     h.checked(&out).await;
 
-    use poimen_store::Durability::Sync;
+    use poimen_store::Durability::{Buffered, Sync};
     let ev = |kind: &str, id: &str| (kind.to_owned(), Some(id.to_owned()));
     let all = noting.commits.lock().expect("commits").clone();
     assert_eq!(all.len(), 2, "the run's start and its end: {all:#?}");
-    assert!(all.iter().all(|c| c.durability == Sync), "{all:#?}");
+    let durability: Vec<_> = all.iter().map(|c| c.durability).collect();
+    assert_eq!(durability, [Buffered, Sync], "{all:#?}");
     assert_eq!(
         all[1].events.last(),
         Some(&("run_completed".to_owned(), None)),

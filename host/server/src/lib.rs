@@ -35,6 +35,12 @@ pub struct ServerConfig {
     /// runs at once, rather than driving it at once in its own task.
     /// `poimen serve --http` sets it.
     pub queue_starts: bool,
+    /// The host's bound on runs at once, shared with its serving loop
+    /// ([`poimen::executor::ServeOptions::slots`]): `POST /v1/runs?wait=`
+    /// drives its run at once only with a slot in hand (held until the
+    /// run's driver stops), and otherwise queues it for the loop and waits
+    /// for it there. `None`: a waited start is always driven at once.
+    pub run_slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl ServerConfig {
@@ -48,7 +54,7 @@ impl ServerConfig {
     pub fn with_token(token: impl Into<String>) -> ServerConfig {
         ServerConfig {
             token: Some(token.into()),
-            queue_starts: false,
+            ..ServerConfig::default()
         }
     }
 
@@ -56,6 +62,13 @@ impl ServerConfig {
     /// ([`queue_starts`](Self::queue_starts)).
     pub fn queue_starts(mut self, on: bool) -> ServerConfig {
         self.queue_starts = on;
+        self
+    }
+
+    /// Waited starts share these slots with the serving loop
+    /// ([`run_slots`](Self::run_slots)).
+    pub fn run_slots(mut self, slots: Arc<tokio::sync::Semaphore>) -> ServerConfig {
+        self.run_slots = Some(slots);
         self
     }
 }
@@ -66,6 +79,10 @@ impl std::fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("queue_starts", &self.queue_starts)
+            .field(
+                "run_slots",
+                &self.run_slots.as_ref().map(|s| s.available_permits()),
+            )
             .finish()
     }
 }

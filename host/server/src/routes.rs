@@ -46,7 +46,10 @@ pub(crate) fn router(
     shadow: ShadowState,
     root: Router,
 ) -> Router {
-    let queue = config.queue_starts;
+    let starts = Starts {
+        queue: config.queue_starts,
+        slots: config.run_slots.clone(),
+    };
     let v1 = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -58,7 +61,7 @@ pub(crate) fn router(
                       headers: HeaderMap,
                       query: QueryOf<StartQuery>,
                       req: Json<StartRun>| {
-                    start_run(host, headers, query, req, queue)
+                    start_run(host, headers, query, req, starts.clone())
                 },
             )
             .get(list_runs),
@@ -636,11 +639,13 @@ async fn openapi_doc() -> Response {
 /// within its bound on runs at once (`--max-runs`).
 ///
 /// With a wait (`?wait=N` or `Prefer: wait=N`, seconds) the run is driven
-/// by this host at once and the request is answered when it stops: `201`
+/// by this host at once — under `poimen serve`, when one of its
+/// `--max-runs` slots is free, else queued for its loop — and the request
+/// is answered when it stops: `201`
 /// with its outcome (status and output) if it stopped within the wait,
 /// else `202` with its state once that is durable (follow it with
 /// `GET /v1/runs/{run}/events`). One request and, for a run of effect-free
-/// steps, one fsync more than its start.
+/// steps, one fsync: its end's, which makes its start durable too.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = StartRun, params(StartQuery,
         ("Prefer" = Option<String>, Header, description = "`wait=N` (RFC 7240): as `?wait=N`")),
     responses(
@@ -660,7 +665,7 @@ async fn start_run(
     headers: HeaderMap,
     QueryOf(query): QueryOf<StartQuery>,
     Json(req): Json<StartRun>,
-    queue: bool,
+    starts: Starts,
 ) -> ApiResult<Response> {
     let wait = start_wait(&query, &headers)?;
     if looks_like_path(&req.workflow) {
@@ -674,9 +679,27 @@ async fn start_run(
     };
     let target = Target::Version(target);
     if let Some(secs) = wait {
-        let handle = host.start(&target, req.input, opts).await?;
+        let within = std::time::Duration::from_secs(u64::from(secs));
+        // Driven here at once with one of the host's slots for runs at
+        // once in hand, held until the driver stops; with none free, the
+        // run waits for the serving loop as an unwaited start does.
+        let slot = match &starts.slots {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => return queued_then_waited(&host, &target, req.input, opts, secs).await,
+            },
+        };
+        let handle = host.start_waiting(&target, req.input, opts).await?;
+        if let Some(slot) = slot {
+            let driven = handle.clone();
+            tokio::spawn(async move {
+                driven.driver_stopped().await;
+                drop(slot);
+            });
+        }
         let stopped = handle
-            .stopped_within(std::time::Duration::from_secs(u64::from(secs)))
+            .stopped_within(within)
             .await?
             .filter(|(rec, _)| !matches!(rec.status, RunStatus::Running | RunStatus::Queued));
         let (code, view) = match stopped {
@@ -686,21 +709,9 @@ async fn start_run(
                 RunView::of(host.status(handle.id()).await?.0, None),
             ),
         };
-        let location = format!("/v1/runs/{}", view.id);
-        return Ok((
-            code,
-            [
-                (header::LOCATION, location),
-                (
-                    header::HeaderName::from_static("preference-applied"),
-                    format!("wait={secs}"),
-                ),
-            ],
-            axum::Json(view),
-        )
-            .into_response());
+        return Ok(waited_answer(code, view, secs));
     }
-    let run = if queue {
+    let run = if starts.queue {
         host.enqueue(&target, req.input, opts).await?
     } else {
         host.start(&target, req.input, opts).await?.id().clone()
@@ -713,6 +724,62 @@ async fn start_run(
         axum::Json(RunView::of(record, None)),
     )
         .into_response())
+}
+
+/// How `POST /v1/runs` starts runs on this host (see [`ServerConfig`](crate::ServerConfig)).
+#[derive(Clone)]
+struct Starts {
+    /// Unwaited starts are queued for the serving loop.
+    queue: bool,
+    /// The host's slots for runs at once, shared with its serving loop.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+/// A waited start with every slot taken: queued for the serving loop,
+/// then waited for through the store.
+async fn queued_then_waited(
+    host: &Shared,
+    target: &Target,
+    input: serde_json::Value,
+    opts: RunOptions,
+    secs: u32,
+) -> ApiResult<Response> {
+    let run = host.enqueue(target, input, opts).await?;
+    let within = std::time::Duration::from_secs(u64::from(secs));
+    let stopped = match host.handle(&run).wait_for(within).await {
+        Ok(_) => true,
+        Err(poimen::Error::Timeout { .. }) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let (record, state) = host.status(&run).await?;
+    let stopped = stopped && !matches!(record.status, RunStatus::Running | RunStatus::Queued);
+    Ok(if stopped {
+        waited_answer(StatusCode::CREATED, RunView::of(record, state.output), secs)
+    } else {
+        waited_answer(StatusCode::ACCEPTED, RunView::of(record, None), secs)
+    })
+}
+
+/// The answer to a waited start: `201` with the run's outcome, or `202`
+/// with its state; where it is, and that the wait was taken.
+fn waited_answer(code: StatusCode, view: RunView, secs: u32) -> Response {
+    if code == StatusCode::CREATED {
+        // The run stopped, durably; its caller has not heard yet.
+        poimen::executor::crash_point("before_answer");
+    }
+    let location = format!("/v1/runs/{}", view.id);
+    (
+        code,
+        [
+            (header::LOCATION, location),
+            (
+                header::HeaderName::from_static("preference-applied"),
+                format!("wait={secs}"),
+            ),
+        ],
+        axum::Json(view),
+    )
+        .into_response()
 }
 
 /// The caller's W3C trace context (`traceparent`, with `tracestate`), kept

@@ -666,6 +666,11 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    /// Nothing is ever more durable than the process.
+    async fn sync(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
         Ok(self
             .lock()

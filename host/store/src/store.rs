@@ -80,8 +80,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Retrying a create with the same id and content returns
     /// [`CreateRun::Existing`]; the same id with other content is
     /// [`StoreError::RunIdConflict`]. With [`NewRun::lease`] the run starts
-    /// held: epoch 1, expiring at `created_at + ttl_ms`. Durable when it
-    /// returns.
+    /// held: epoch 1, expiring at `created_at + ttl_ms`, and only its
+    /// creator knows of it, so a store may make it durable with its next
+    /// durable write rather than before this returns (SQLite does); without
+    /// one, durable when it returns.
     async fn create_run(&self, new: NewRun) -> StoreResult<CreateRun>;
 
     async fn run(&self, id: &RunId) -> StoreResult<Option<RunRecord>>;
@@ -189,8 +191,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Gives the run up: clears its holder if it still is `lease`'s owner at
     /// `lease`'s epoch, and does nothing otherwise (the run was taken over).
     /// The epoch stays, so the next tenure's is larger.
-    /// [`StoreError::NotFound`] for an unknown run. Durable when it returns.
+    /// [`StoreError::NotFound`] for an unknown run. A store may make it
+    /// durable with its next durable write (SQLite does): a release lost
+    /// with a machine's crash is a lease that expires.
     async fn release_lease(&self, lease: &Lease) -> StoreResult<()>;
+
+    /// Makes every write this store has returned so far durable — the
+    /// `Buffered` commits among them (a start only its waiting caller
+    /// knows of, effect-free outcomes) included — before it returns. For a
+    /// caller about to hand out what it wrote: an answer naming a run
+    /// whose start is not yet durable. Writes are durable in the order
+    /// they were made, so this is what any later durable write does too.
+    async fn sync(&self) -> StoreResult<()>;
 
     /// Waits until work may have become claimable — a run queued, a lease
     /// handed back, a slot of an admission group freed, a run an operator

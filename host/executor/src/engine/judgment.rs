@@ -117,14 +117,22 @@ impl Executor {
                 StatusChange::to(RunStatus::Running),
             )
         };
-        self.append(&*store, &run, &state, batch).await?;
-        self.unblock_ancestors(
-            &run,
-            RunStatus::WaitingJudgment,
-            "a child run's judgment was answered",
-        )
-        .await?;
-        Ok(self.resume(&run).await?)
+        let held = self.hold_root(&run).await?;
+        let written = async {
+            self.append(&*store, &run, &state, batch).await?;
+            self.unblock_ancestors(
+                &run,
+                RunStatus::WaitingJudgment,
+                "a child run's judgment was answered",
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = written {
+            self.unhold(held).await;
+            return Err(e.into());
+        }
+        Ok(self.resume_held(&run, held).await?)
     }
 
     /// Open judgment requests of both stores.

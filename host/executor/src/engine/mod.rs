@@ -41,6 +41,17 @@ pub struct StartOptions {
     pub tenant: TenantId,
     /// The starter's trace context (see [`ExecutorConfig::trace_parent`](crate::ExecutorConfig::trace_parent)).
     pub trace: Option<crate::kernel::TraceCarrier>,
+    /// The caller waits for the run to stop (end, or wait for something)
+    /// before it tells anyone of the run: its start is then written
+    /// without an fsync and made durable by the run's next durable commit
+    /// — its first effect's intent, a wait, or its end — so a run with
+    /// nothing in between that must be durable costs one fsync. A crash of
+    /// the machine before then loses a run no one has seen: its caller had
+    /// no answer, and a retry under the same idempotency key starts it
+    /// again. A caller that stops waiting first calls
+    /// [`Executor::make_durable`] before it hands out the run's id.
+    /// [`Executor::run`] always waits.
+    pub waited: bool,
 }
 
 /// Runs workflows.
@@ -110,8 +121,20 @@ impl Executor {
         input: Value,
         opts: StartOptions,
     ) -> Result<RunOutcome, RunError> {
+        let opts = StartOptions {
+            waited: true,
+            ..opts
+        };
         let started = self.create(runnable, input, opts, true).await?;
         self.drive_started(started).await
+    }
+
+    /// Makes everything written of `run` so far durable (see
+    /// [`StartOptions::waited`]): for a caller about to hand out the id of
+    /// a run it started waiting and that has not stopped.
+    pub async fn make_durable(&self, run: &RunId) -> Result<(), RunError> {
+        let (store, _) = self.locate(run).await?;
+        Ok(store.sync().await?)
     }
 
     /// Drives a run [`Executor::start`] returned: under the lease it was
@@ -197,6 +220,7 @@ impl Executor {
             hold,
             admission: admission.as_ref().map(|(a, _)| a.clone()),
             trace: opts.trace,
+            waited: opts.waited,
         };
         let def = spec.runnable.def.clone();
         run::create(&self.kernel, store, spec)
@@ -252,13 +276,60 @@ impl Executor {
     /// resolved stays as it is; a finished run is returned as is. A child
     /// run is driven through its top-level ancestor.
     pub async fn resume(&self, run: &RunId) -> Result<RunOutcome, RunError> {
+        self.resume_held(run, None).await
+    }
+
+    /// [`resume`](Self::resume) under `held`, this host's lease on the
+    /// run's root (from [`hold_root`](Self::hold_root)); `None` claims it.
+    pub(super) async fn resume_held(
+        &self,
+        run: &RunId,
+        held: Option<Lease>,
+    ) -> Result<RunOutcome, RunError> {
         let root = self.root_of(run).await?;
-        let outcome = self.drive_root(&root, None).await?;
+        let outcome = self.drive_root(&root, held).await?;
         if &root == run {
             return Ok(outcome);
         }
         // A child run: report its own state.
         self.recorded_outcome(run).await
+    }
+
+    /// Claims the root of `run` for this host before an operator's write
+    /// makes the run runnable again (a judgment answered, a call
+    /// reconciled), so no serving loop — of this host or another — claims
+    /// it between that write and the drive that follows it: two drivers of
+    /// one run would fence each other, and the second would find the
+    /// first's dispatched call open and block on it. `None` when it cannot
+    /// be claimed now (another live host holds it, or it ended): the write
+    /// goes on unfenced and the resume claims as before.
+    pub(super) async fn hold_root(&self, run: &RunId) -> Result<Option<Lease>, RunError> {
+        let root = self.root_of(run).await?;
+        let (store, _) = self.locate(&root).await?;
+        let k = &self.kernel;
+        Ok(store
+            .claim_run(
+                &root,
+                &k.config.host_id,
+                k.clock.now_ms(),
+                k.config.lease_ttl_ms,
+            )
+            .await?)
+    }
+
+    /// Hands back a lease [`hold_root`](Self::hold_root) took when the
+    /// operator's write it was taken for failed; the write's error is what
+    /// the caller reports, so a failure to release (the lease then expires)
+    /// is only logged.
+    pub(super) async fn unhold(&self, held: Option<Lease>) {
+        let Some(lease) = held else { return };
+        let released = match self.locate(&lease.run).await {
+            Ok((store, _)) => store.release_lease(&lease).await.map_err(RunError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = released {
+            tracing::warn!(run = %lease.run, "a held lease was not handed back (it expires): {e}");
+        }
     }
 
     /// A run's outcome as its record and episode say.
@@ -338,6 +409,8 @@ impl Executor {
             rec.status,
             RunStatus::Running | RunStatus::Queued | RunStatus::WaitingJudgment
         ) {
+            // Nothing to drive: a lease handed in goes back.
+            self.unhold(lease).await;
             return self.recorded_outcome(run).await;
         }
         let ctx = self.load(run, lease).await?;

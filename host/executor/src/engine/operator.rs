@@ -313,10 +313,18 @@ impl Executor {
                 StatusChange::to(RunStatus::Running),
             )
         };
-        self.append(&*store, run, &state, batch).await?;
-        self.unblock_ancestors(run, RunStatus::Blocked, "a child run was reconciled")
-            .await?;
-        Ok(self.resume(run).await?)
+        let held = self.hold_root(run).await?;
+        let written = async {
+            self.append(&*store, run, &state, batch).await?;
+            self.unblock_ancestors(run, RunStatus::Blocked, "a child run was reconciled")
+                .await
+        }
+        .await;
+        if let Err(e) = written {
+            self.unhold(held).await;
+            return Err(e.into());
+        }
+        Ok(self.resume_held(run, held).await?)
     }
 
     /// Marks the ancestors of `run` that stopped because of it as resumed.

@@ -10,9 +10,11 @@
 //! back at once and its root is claimed instead.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use poimen_store::{Lease, RunId, RunRecord};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::{Executor, RunError};
@@ -29,6 +31,11 @@ pub struct ServeOptions {
     /// On shutdown, how long the runs being driven may take to finish
     /// before they are stopped and their leases handed back.
     pub grace: Duration,
+    /// Slots for runs at once shared with whatever else drives runs on
+    /// this host (the HTTP API's one-request starts): the loop claims a
+    /// run only with a slot in hand, and holds it while it drives the run.
+    /// `None`: `workers` alone bounds the loop.
+    pub slots: Option<Arc<Semaphore>>,
 }
 
 impl Default for ServeOptions {
@@ -37,6 +44,7 @@ impl Default for ServeOptions {
             workers: 8,
             poll: Duration::from_millis(100),
             grace: Duration::from_secs(10),
+            slots: None,
         }
     }
 }
@@ -123,6 +131,18 @@ impl Executor {
             } else {
                 0
             };
+            // With shared slots, as many as are free of those too.
+            let mut permits: Vec<OwnedSemaphorePermit> = match &opts.slots {
+                Some(slots) => (0..free)
+                    .map_while(|_| slots.clone().try_acquire_owned().ok())
+                    .collect(),
+                None => Vec::new(),
+            };
+            let free = if opts.slots.is_some() {
+                permits.len()
+            } else {
+                free
+            };
             let claimed = match self.claim_runnable(free as u32).await {
                 Ok(c) => c,
                 Err(RunError::Store(e)) => {
@@ -137,12 +157,16 @@ impl Executor {
             for (rec, lease) in claimed {
                 report.driven += 1;
                 let exec = self.clone();
+                let slot = permits.pop();
                 tasks.spawn(async move {
+                    let _slot = slot;
                     let out = exec.drive_claimed(&rec.id, lease).await;
                     let out = exec.cancelled_elsewhere(&rec.id, out).await;
                     (rec.id, out)
                 });
             }
+            // The slots taken and not used go back before the loop waits.
+            drop(permits);
             // Claim again at once while there is work and room.
             if got && tasks.len() < workers {
                 continue;

@@ -110,6 +110,9 @@ pub(crate) struct NewRunSpec {
     pub admission: Option<poimen_store::AdmissionRequest>,
     /// The starter's trace context, recorded in `run_started`.
     pub trace: Option<crate::kernel::TraceCarrier>,
+    /// Only the caller knows of a held run until it stops: its start is
+    /// not fsynced (see [`StartOptions::waited`](crate::StartOptions::waited)).
+    pub waited: bool,
 }
 
 /// Creates a run in `store` and records its start: the input is checked
@@ -134,6 +137,7 @@ pub(crate) async fn create(
         hold,
         admission,
         trace,
+        waited,
     } = spec;
     let def = &runnable.def;
     if let Some(schema) = &runnable.schemas.inputs {
@@ -270,10 +274,16 @@ pub(crate) async fn create(
         RunState::default(),
         &[],
     );
-    ctx.commit(Batch::status(
-        vec![started],
-        StatusChange::to(RunStatus::Running),
-    ))
+    // Durable now, unless only a waiting caller knows of the run: then
+    // with the run's next durable commit (the WAL is written in order).
+    let durability = if waited {
+        poimen_store::Durability::Buffered
+    } else {
+        poimen_store::Durability::Sync
+    };
+    ctx.commit(
+        Batch::status(vec![started], StatusChange::to(RunStatus::Running)).durability(durability),
+    )
     .await?;
     Ok(Started {
         run: rec.id,

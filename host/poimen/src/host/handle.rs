@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::Stream;
 use poimen_executor::{RunError, RunOutcome};
-use poimen_store::{RunId, RunRecord};
+use poimen_store::{RunId, RunRecord, RunStatus};
 use tokio::sync::watch;
 
 use super::{Error, Host};
@@ -29,6 +29,8 @@ pub struct RunHandle {
     host: Host,
     /// The result of this host's driving task, when this host drives it.
     driver: Option<watch::Receiver<Driven>>,
+    /// The run's start may not be durable yet ([`Host::start_waiting`]).
+    deferred: bool,
 }
 
 impl std::fmt::Debug for RunHandle {
@@ -42,7 +44,20 @@ impl std::fmt::Debug for RunHandle {
 
 impl RunHandle {
     pub(crate) fn new(id: RunId, host: Host, driver: Option<watch::Receiver<Driven>>) -> Self {
-        RunHandle { id, host, driver }
+        RunHandle {
+            id,
+            host,
+            driver,
+            deferred: false,
+        }
+    }
+
+    /// This handle's run was started by a waiting caller.
+    pub(crate) fn deferred(self) -> Self {
+        RunHandle {
+            deferred: true,
+            ..self
+        }
     }
 
     /// The run's id.
@@ -106,7 +121,9 @@ impl RunHandle {
     /// stopped by then (the run goes on), or if no task of this host drives
     /// it. The one-request start of the HTTP API (`POST /v1/runs?wait=`)
     /// answers with this: the record is read after the run's final commit,
-    /// so what it says is durable.
+    /// so what it says is durable. A run started waiting
+    /// ([`Host::start_waiting`]) that has not stopped is made durable
+    /// before this returns, so its id may be handed out.
     pub async fn stopped_within(
         &self,
         within: std::time::Duration,
@@ -116,25 +133,35 @@ impl RunHandle {
         };
         let mut rx = rx.clone();
         let driven = match tokio::time::timeout(within, rx.wait_for(Option::is_some)).await {
-            Err(_) => return Ok(None),
-            Ok(d) => d.map(|d| d.clone()),
+            Err(_) => None,
+            Ok(d) => Some(d.map(|d| d.clone())),
         };
         let outcome = match driven {
-            Ok(Some(Ok(outcome))) => outcome,
-            Ok(Some(Err(cause))) => {
+            Some(Ok(Some(Ok(outcome)))) => outcome,
+            Some(Ok(Some(Err(cause)))) => {
+                self.make_durable().await?;
                 return Err(Error::Driver {
                     run: self.id.clone(),
                     cause,
                 });
             }
-            Ok(None) => return Ok(None),
-            Err(_) => {
+            None | Some(Ok(None)) => {
+                self.make_durable().await?;
+                return Ok(None);
+            }
+            Some(Err(_)) => {
+                self.make_durable().await?;
                 return Err(Error::DriverDied {
                     run: self.id.clone(),
                 });
             }
         };
         let rec = self.host.inner.executor().status(&self.id).await?;
+        if matches!(rec.status, RunStatus::Running | RunStatus::Queued) {
+            // Let go while still running (its lease taken over, the host
+            // shutting down): not a durable stop.
+            self.make_durable().await?;
+        }
         // The output the driver saw is the stored one unless the run moved
         // on since (an answer, a cancel): then the store says.
         let output = if rec.status == outcome.status {
@@ -143,6 +170,25 @@ impl RunHandle {
             self.host.status(&self.id).await?.1.output
         };
         Ok(Some((rec, output)))
+    }
+
+    /// Waits until this host's task driving the run has stopped — at once
+    /// if no task of this host drives it. The run itself may go on (on
+    /// another host, after an answer).
+    pub async fn driver_stopped(&self) {
+        if let Some(rx) = &self.driver {
+            let mut rx = rx.clone();
+            let _ = rx.wait_for(Option::is_some).await;
+        }
+    }
+
+    /// A deferred start that has not ended in a durable stop: made durable
+    /// now, before the run's id leaves the host.
+    async fn make_durable(&self) -> Result<(), Error> {
+        if self.deferred {
+            self.host.inner.executor().make_durable(&self.id).await?;
+        }
+        Ok(())
     }
 
     /// Cancels the run (recorded in its episode; a host driving it stops

@@ -337,6 +337,10 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn sync(&self) -> StoreResult<()> {
+        ops::sync(&self.client().await?, &self.ctx).await
+    }
+
     async fn wait_for_work(&self, within: Duration) {
         self.listener.get_or_init(|| {
             tokio::spawn(listen::listen(

@@ -877,6 +877,15 @@ pub(crate) async fn renew_lease(
     })
 }
 
+/// A transaction with an id and `synchronous_commit = on`: its commit
+/// record waits for the WAL to be flushed through it, and so through every
+/// earlier commit, the asynchronous (`Buffered`) ones included.
+pub(crate) async fn sync(c: &Object, ctx: &Ctx) -> Result<()> {
+    c.batch_execute("BEGIN; SET LOCAL synchronous_commit = on; SELECT txid_current(); COMMIT")
+        .await
+        .map_err(at(ctx))
+}
+
 pub(crate) async fn release_lease(c: &Object, ctx: &Ctx, lease: &Lease) -> Result<()> {
     let epoch = to_i64(ctx, "lease epoch", lease.epoch)?;
     let row = query_one(

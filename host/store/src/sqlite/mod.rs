@@ -659,6 +659,21 @@ impl Store for SqliteStore {
         self.inner.wake.wait(within).await;
     }
 
+    /// A passive checkpoint on the writer: it fsyncs the WAL (every frame
+    /// of every commit returned so far) before copying frames into the
+    /// database, which it fsyncs too; a write transaction never waits for
+    /// it to end beyond the writer lock.
+    async fn sync(&self) -> StoreResult<()> {
+        self.blocking(|inner| {
+            let p = inner.path.as_path();
+            let w = inner.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            w.conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                .at(p)
+        })
+        .await
+    }
+
     async fn runs_owned_by(&self, owner: &str) -> StoreResult<Vec<RunRecord>> {
         let owner = owner.to_owned();
         self.read(move |c, p| ops::runs_owned_by(c, p, &owner))

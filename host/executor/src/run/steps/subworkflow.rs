@@ -154,6 +154,8 @@ impl RunCtx {
                     admission: None,
                     // Driven inside this run's span.
                     trace: None,
+                    // A child's creation is durable before it is linked.
+                    waited: false,
                 };
                 let child = match self.create_child(spec).await {
                     Ok(c) => c,
