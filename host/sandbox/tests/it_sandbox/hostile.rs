@@ -196,6 +196,10 @@ async fn a_directory_listing_is_charged_to_the_calls_memory() {
             "adv-hog",
             LimitOverrides {
                 memory_bytes: Some(16 << 20),
+                // 5000 files made and listed ~30 times through the host's
+                // records: seconds on a loaded CI machine. The limit under
+                // test is memory; time must not stop it first.
+                timeout_ms: Some(300_000),
                 ..LimitOverrides::default()
             },
         )
