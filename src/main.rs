@@ -17,7 +17,33 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The bundled SQLite allocates with the C allocator, not the one above. A
+/// reader connection drops its whole page cache whenever another connection
+/// has committed (WAL mode: every run's commit) and refills it page by page
+/// on its next read; glibc's default trim threshold (128 KiB) hands the
+/// freed pages back to the kernel each time, and the refill takes a page
+/// fault per page — measured as a third of the server's CPU per run
+/// (BENCHMARKS.md, "A waited run over HTTP"). Keeping up to 32 MiB of freed
+/// memory in the process ends that. An operator's `GLIBC_TUNABLES` wins.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    if std::env::var_os("GLIBC_TUNABLES").is_some() {
+        return;
+    }
+    const TRIM_THRESHOLD: libc::c_int = 32 << 20;
+    // SAFETY: `mallopt` only sets a parameter of glibc's allocator; it is
+    // called first thing in `main`, before any other thread exists.
+    let ok = unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) };
+    if ok != 1 {
+        eprintln!("warning: glibc refused M_TRIM_THRESHOLD; SQLite reads will cost more CPU");
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let args = cli::args::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -2078,6 +2078,8 @@ enum Logged {
     Write(&'static str),
     /// A tool call began, under this idempotency key.
     Called(String),
+    /// A read of a run's episode or intents, when it was asked for.
+    Read(&'static str),
 }
 
 type Log = Arc<std::sync::Mutex<Vec<Logged>>>;
@@ -2257,6 +2259,7 @@ impl Store for CountingStore {
         &self,
         run: &poimen_store::RunId,
     ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
+        push(&self.log, Logged::Read("events"));
         self.inner.events(run).await
     }
     async fn events_after(
@@ -2264,12 +2267,14 @@ impl Store for CountingStore {
         run: &poimen_store::RunId,
         seq: u64,
     ) -> poimen_store::StoreResult<Vec<poimen_store::StoredEvent>> {
+        push(&self.log, Logged::Read("events_after"));
         self.inner.events_after(run, seq).await
     }
     async fn intents(
         &self,
         run: &poimen_store::RunId,
     ) -> poimen_store::StoreResult<Vec<poimen_store::IntentRecord>> {
+        push(&self.log, Logged::Read("intents"));
         self.inner.intents(run).await
     }
     async fn judgment(
@@ -2869,6 +2874,48 @@ async fn durable_an_effect_free_run_is_written_at_its_start_and_its_end() {
     };
     assert_eq!(steps.len(), 3, "every step rides in the end: {last:?}");
     assert!(events.iter().any(|(k, _)| k == "run_completed"), "{last:?}");
+}
+
+#[tokio::test]
+async fn durable_a_run_driven_as_it_starts_reads_back_neither_its_episode_nor_its_intents() {
+    // Issue 44: the run is driven from the context its start was written
+    // through; reading the episode back and refolding it (and its intents)
+    // is for a run loaded from the store — recovered, claimed, resumed.
+    for tools in [["free", "free", "free"], ["free", "idempotent", "free"]] {
+        let (k, log) = counted_kernel();
+        let runnable = k.add(&chain_of(tools));
+        // Not `Kernel::run`: it refolds the episode after, a read of its own.
+        let out = k
+            .exec
+            .run(runnable, json!({}), StartOptions::default())
+            .await
+            .expect("the run starts");
+        assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+        let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let reads: Vec<&str> = log
+            .iter()
+            .filter_map(|e| match e {
+                Logged::Read(what) => Some(*what),
+                _ => None,
+            })
+            .collect();
+        assert!(reads.is_empty(), "{tools:?}: read back {reads:?}\n{log:#?}");
+    }
+    // A run resumed is loaded from the store: the same log shows its reads.
+    let (k, log) = counted_kernel();
+    let runnable = k.add(&chain_of(["free", "free", "free"]));
+    let started = k
+        .exec
+        .start(runnable, json!({}), StartOptions::default())
+        .await
+        .expect("started");
+    let out = k.exec.resume(&started.run).await.expect("resumed");
+    assert_eq!(out.status, RunStatus::Completed, "{:?}", out.reason);
+    let log = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        log.iter().any(|e| matches!(e, Logged::Read("events"))),
+        "{log:#?}"
+    );
 }
 
 #[tokio::test]

@@ -888,19 +888,23 @@ impl Host {
     /// workflow start (a file is read, but neither published nor run, when
     /// it may not).
     async fn prepare_run(&self, target: &Target) -> Result<Validated, Error> {
-        let (workflow, version) = match target {
+        let (workflow, version, stored) = match target {
             Target::File(path) => {
                 let loaded = load_file(path)?;
-                (loaded.def.id, loaded.version)
+                (loaded.def.id, loaded.version, None)
             }
             Target::Version(text) => {
                 let (record, def) = self.find_version(text).await?;
-                (def.id, record.version)
+                (def.id.clone(), record.version, Some(def))
             }
         };
         self.may_start(target, workflow.as_str())?;
         self.check_armed(&workflow, &version).await?;
-        self.prepare(target).await
+        match stored {
+            // A stored version, found once: validated as found.
+            Some(def) => self.validate(&def).await,
+            None => self.prepare(target).await,
+        }
     }
 
     /// The execution plan: steps in order, fan-outs, resolved tools with

@@ -144,12 +144,34 @@ impl Executor {
     /// one.
     pub async fn drive_started(&self, started: Started) -> Result<RunOutcome, RunError> {
         match started.lease {
-            Some(lease) => self.drive_root(&started.run, Some(lease)).await,
+            Some(lease) => {
+                // Just created: driven from the context its start was
+                // written through, unless something else wrote since.
+                if let Some(fresh) = started.fresh
+                    && Self::still_fresh(&fresh, &lease).await?
+                {
+                    return Ok(fresh.0.drive_registered().await);
+                }
+                self.drive_root(&started.run, Some(lease)).await
+            }
             None => match self.wait_for_slot(&started.run).await? {
                 Some(lease) => self.drive_root(&started.run, Some(lease)).await,
                 None => self.resume(&started.run).await,
             },
         }
+    }
+
+    /// Whether the run `fresh` was created in is as its creation left it:
+    /// still running under `lease`, so no operator (a cancel) and no other
+    /// host wrote to it since, and the context's state is the store's.
+    async fn still_fresh(fresh: &run::Fresh, lease: &Lease) -> Result<bool, RunError> {
+        let Some(rec) = fresh.0.store.run(&lease.run).await? else {
+            return Ok(false);
+        };
+        Ok(rec.status == RunStatus::Running
+            && rec
+                .lease
+                .is_some_and(|l| l.owner == lease.owner && l.epoch == lease.epoch))
     }
 
     /// Creates a run held by this host, without driving it (`resume`

@@ -47,7 +47,7 @@ use crate::state::{FoldError, RunState, StepState};
 
 pub use start::Started;
 pub(crate) use start::{
-    CreateError, LoadError, NewRunSpec, create, episode, held_message, load, state,
+    CreateError, Fresh, LoadError, NewRunSpec, create, episode, held_message, load, state,
 };
 pub use steps::judgment_id;
 

@@ -30,6 +30,28 @@ pub struct Started {
     /// The lease this host holds on the new run (`None` for a queued run,
     /// which any host may claim, and for an existing one).
     pub lease: Option<Lease>,
+    /// The context the new run's start was written through, for a driver
+    /// that follows: driving it needs nothing read back from the store.
+    pub(crate) fresh: Option<Fresh>,
+}
+
+/// The driving context of a run just created (see [`Started`]). Equal
+/// only to itself: it is a cache of what the store holds, not a value.
+#[derive(Clone)]
+pub(crate) struct Fresh(pub(crate) Arc<RunCtx>);
+
+impl PartialEq for Fresh {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Fresh {}
+
+impl std::fmt::Debug for Fresh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fresh(..)")
+    }
 }
 
 /// Why a run could not be created.
@@ -199,6 +221,7 @@ pub(crate) async fn create(
             run: rec.id,
             existing: true,
             lease: None,
+            fresh: None,
         });
     }
     let started = EpisodeEvent::RunStarted {
@@ -236,6 +259,7 @@ pub(crate) async fn create(
             run: rec.id,
             existing,
             lease: None,
+            fresh: None,
         });
     }
     // A run created here is held from its creation; one that existed
@@ -257,6 +281,7 @@ pub(crate) async fn create(
                     run: rec.id,
                     existing: true,
                     lease: None,
+                    fresh: None,
                 });
             }
         },
@@ -285,10 +310,13 @@ pub(crate) async fn create(
         Batch::status(vec![started], StatusChange::to(RunStatus::Running)).durability(durability),
     )
     .await?;
+    // A child is driven through its root, never from this context.
+    let fresh = rec.parent.is_none().then_some(Fresh(ctx));
     Ok(Started {
         run: rec.id,
         existing,
         lease: Some(lease),
+        fresh,
     })
 }
 
