@@ -704,10 +704,17 @@ async fn start_run(
             .filter(|(rec, _)| !matches!(rec.status, RunStatus::Running | RunStatus::Queued));
         let (code, view) = match stopped {
             Some((record, output)) => (StatusCode::CREATED, RunView::of(record, output)),
-            None => (
-                StatusCode::ACCEPTED,
-                RunView::of(host.status(handle.id()).await?.0, None),
-            ),
+            None => {
+                let (record, state) = host.status(handle.id()).await?;
+                if matches!(record.status, RunStatus::Running | RunStatus::Queued) {
+                    (StatusCode::ACCEPTED, RunView::of(record, None))
+                } else {
+                    // It stopped between the wait's end and this read (a
+                    // stop is durable when it is recorded): its outcome,
+                    // never a `202` that says it stopped.
+                    (StatusCode::CREATED, RunView::of(record, state.output))
+                }
+            }
         };
         return Ok(waited_answer(code, view, secs));
     }
