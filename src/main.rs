@@ -23,8 +23,9 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// on its next read; glibc's default trim threshold (128 KiB) hands the
 /// freed pages back to the kernel each time, and the refill takes a page
 /// fault per page — measured as a third of the server's CPU per run
-/// (BENCHMARKS.md, "A waited run over HTTP"). Keeping up to 32 MiB of freed
-/// memory in the process ends that. An operator's `GLIBC_TUNABLES` wins.
+/// (BENCHMARKS.md, "A run over HTTP: ... (issue 44, part 3)"). Keeping up
+/// to 32 MiB of freed memory in the process ends that. An operator's
+/// `GLIBC_TUNABLES` wins.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn keep_freed_memory() {
     if std::env::var_os("GLIBC_TUNABLES").is_some() {
